@@ -1,0 +1,1 @@
+//! Compute cost model (placeholder; owned by the compute-cost work).

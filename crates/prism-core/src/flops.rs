@@ -1,0 +1,1 @@
+//! FLOP counts (placeholder).

@@ -1,0 +1,759 @@
+//! The validated job: model, cluster, parallel layout settings and training settings.
+//!
+//! These are plain values. The edge (`prism-io`) parses job files into them and then calls
+//! [`Job::validate`], which checks every cross-field rule and names the offending key.
+//! Everything downstream (layout, graph, cost models, engine) may assume a validated job.
+
+use std::fmt;
+
+/// Upper bound on the number of GPUs a job may describe. Beyond it the per-rank state of the
+/// engine would no longer fit a workstation; the limit is checked before anything is allocated.
+pub const MAX_GPUS: u64 = 1 << 20;
+/// Upper bound on transformer layers (a sanity bound, far above any published model).
+pub const MAX_LAYERS: u32 = 4096;
+/// Upper bound on micro-batches per iteration per pipeline (bounds graph size).
+pub const MAX_MICRO_BATCHES: u64 = 1 << 16;
+
+/// Feed-forward activation of the MLP block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Gated SiLU (Llama, Mistral, Qwen): three weight matrices of `hidden x ffn_hidden`.
+    SwiGlu,
+    /// Plain GeLU (GPT-3, Megatron GPT): two weight matrices.
+    Gelu,
+}
+
+impl Activation {
+    /// Number of `hidden x ffn` weight matrices in one MLP.
+    pub fn mlp_matrices(self) -> u64 {
+        match self {
+            Activation::SwiGlu => 3,
+            Activation::Gelu => 2,
+        }
+    }
+}
+
+/// Mixture-of-experts settings of a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    /// Number of routed experts per MoE layer.
+    pub experts: u32,
+    /// Experts each token is routed to.
+    pub top_k: u32,
+    /// Hidden size of one expert's MLP.
+    pub ffn_hidden: u32,
+}
+
+/// A decoder-only transformer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Model {
+    /// Display name.
+    pub name: String,
+    /// Transformer layers.
+    pub layers: u32,
+    /// Model (residual) width.
+    pub hidden: u32,
+    /// Dense MLP hidden size (unused in MoE layers).
+    pub ffn_hidden: u32,
+    /// Attention (query) heads.
+    pub heads: u32,
+    /// Key/value heads (grouped-query attention); equal to `heads` for multi-head attention.
+    pub kv_heads: u32,
+    /// Width of one attention head (usually `hidden / heads`).
+    pub head_dim: u32,
+    /// Vocabulary size.
+    pub vocab: u32,
+    /// Training sequence length in tokens.
+    pub seq_len: u32,
+    /// MLP activation.
+    pub activation: Activation,
+    /// Mixture-of-experts settings; `None` for a dense model.
+    pub moe: Option<Moe>,
+    /// Input embedding and LM head share one matrix.
+    pub tied_embeddings: bool,
+}
+
+impl Model {
+    /// Parameters of one attention block (QKV + output projection), no biases.
+    pub fn attention_params(&self) -> u64 {
+        let h = self.hidden as u64;
+        let q = self.heads as u64 * self.head_dim as u64;
+        let kv = self.kv_heads as u64 * self.head_dim as u64;
+        h * (q + 2 * kv) + q * h
+    }
+
+    /// Parameters of one dense MLP.
+    pub fn dense_mlp_params(&self) -> u64 {
+        self.activation.mlp_matrices() * self.hidden as u64 * self.ffn_hidden as u64
+    }
+
+    /// Parameters of one expert MLP (0 for dense models).
+    pub fn expert_params(&self) -> u64 {
+        self.moe.as_ref().map_or(0, |m| {
+            self.activation.mlp_matrices() * self.hidden as u64 * m.ffn_hidden as u64
+        })
+    }
+
+    /// Parameters of one transformer layer (attention + MLP or all experts + router + norms).
+    pub fn layer_params(&self) -> u64 {
+        let h = self.hidden as u64;
+        let mlp = match &self.moe {
+            None => self.dense_mlp_params(),
+            Some(m) => m.experts as u64 * self.expert_params() + h * m.experts as u64,
+        };
+        self.attention_params() + mlp + 2 * h
+    }
+
+    /// Embedding parameters (input embedding, plus the LM head when untied).
+    pub fn embedding_params(&self) -> u64 {
+        let e = self.vocab as u64 * self.hidden as u64;
+        if self.tied_embeddings { e } else { 2 * e }
+    }
+
+    /// Total parameters.
+    pub fn params(&self) -> u64 {
+        self.layers as u64 * self.layer_params() + self.embedding_params() + self.hidden as u64
+    }
+
+    /// Parameters a token actually uses (top-k experts instead of all experts).
+    pub fn active_params(&self) -> u64 {
+        match &self.moe {
+            None => self.params(),
+            Some(m) => {
+                self.params()
+                    - self.layers as u64 * (m.experts - m.top_k) as u64 * self.expert_params()
+            }
+        }
+    }
+}
+
+/// A GPU model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gpu {
+    /// Name, e.g. `H100-SXM5-80GB`.
+    pub name: String,
+    /// Dense BF16 tensor-core peak, TFLOP/s.
+    pub peak_tflops_bf16: f64,
+    /// Dense FP8 tensor-core peak, TFLOP/s; `None` where the GPU has no FP8.
+    pub peak_tflops_fp8: Option<f64>,
+    /// HBM capacity, GiB.
+    pub hbm_gib: f64,
+    /// HBM bandwidth, TB/s.
+    pub hbm_tbps: f64,
+}
+
+/// Scale-out network topology.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Topology {
+    /// Nodes under one leaf switch of each rail (rail-optimized fat tree). Traffic between GPUs of
+    /// the same rail whose nodes share a leaf group crosses only that leaf; anything else goes up
+    /// to the spine.
+    pub rail_group_nodes: u32,
+    /// Leaf-to-spine oversubscription ratio (1.0 = non-blocking).
+    pub oversubscription: f64,
+}
+
+/// A cluster of identical nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cluster {
+    /// Display name.
+    pub name: String,
+    /// The GPU model.
+    pub gpu: Gpu,
+    /// GPUs per node (one NVLink domain).
+    pub gpus_per_node: u32,
+    /// Number of nodes.
+    pub nodes: u32,
+    /// NVLink bandwidth per GPU per direction, Gb/s (gigabits).
+    pub nvlink_gbps: f64,
+    /// Scale-out NIC bandwidth per GPU per direction, Gb/s (gigabits).
+    pub nic_gbps: f64,
+    /// One-way latency of one scale-out hop, microseconds.
+    pub nic_latency_us: f64,
+    /// One-way latency of one NVLink hop, microseconds.
+    pub nvlink_latency_us: f64,
+    /// Scale-out topology.
+    pub topology: Topology,
+}
+
+impl Cluster {
+    /// Total GPUs.
+    pub fn num_gpus(&self) -> u64 {
+        self.gpus_per_node as u64 * self.nodes as u64
+    }
+}
+
+/// Pipeline schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// All forwards, then all backwards.
+    GPipe,
+    /// One-forward-one-backward (PipeDream-Flush).
+    OneFOneB,
+    /// Interleaved 1F1B over `vpp` virtual stages per rank.
+    Interleaved,
+}
+
+/// Activation recomputation mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recompute {
+    /// Keep all activations.
+    None,
+    /// Recompute the attention core (softmax, dropout, scores) only (Korthikanti et al. 2022).
+    Selective,
+    /// Keep only each layer's input; recompute the whole layer forward in backward.
+    Full,
+}
+
+/// Numeric precision of the GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// BF16 GEMMs, BF16 activations.
+    Bf16,
+    /// FP8 GEMMs (transformer-engine style), BF16 elsewhere.
+    Fp8,
+}
+
+/// Parallel layout settings, Megatron-LM style.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parallel {
+    /// Tensor parallel size.
+    pub tp: u32,
+    /// Pipeline parallel size.
+    pub pp: u32,
+    /// Context parallel size.
+    pub cp: u32,
+    /// Expert parallel size (inside the data-parallel dimension, as in Megatron-Core).
+    pub ep: u32,
+    /// Data parallel size.
+    pub dp: u32,
+    /// Virtual pipeline stages per pipeline rank.
+    pub vpp: u32,
+    /// Sequences per micro-batch.
+    pub micro_batch: u32,
+    /// Sequence parallelism for the TP regions.
+    pub sequence_parallel: bool,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// ZeRO-1 style distributed optimizer (sharded optimizer state, reduce-scatter + all-gather).
+    pub distributed_optimizer: bool,
+    /// Pipeline schedule.
+    pub schedule: Schedule,
+    /// Layers on the first pipeline stage when the split is uneven
+    /// (Megatron `decoder_first_pipeline_num_layers`).
+    pub first_stage_layers: Option<u32>,
+    /// Layers on the last pipeline stage when the split is uneven
+    /// (Megatron `decoder_last_pipeline_num_layers`).
+    pub last_stage_layers: Option<u32>,
+    /// Gradient bucket size for the data-parallel reduction, in millions of parameters
+    /// (Megatron-Core's default bucket is 40 M parameters).
+    pub dp_bucket_mparams: f64,
+}
+
+/// Training settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Training {
+    /// Sequences per iteration.
+    pub global_batch: u32,
+    /// GEMM precision.
+    pub precision: Precision,
+}
+
+/// A complete job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// Display name.
+    pub name: String,
+    /// The model.
+    pub model: Model,
+    /// The cluster.
+    pub cluster: Cluster,
+    /// Parallel settings.
+    pub parallel: Parallel,
+    /// Training settings.
+    pub training: Training,
+}
+
+/// A rule a job broke, with the key that broke it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {rule}")]
+pub struct JobError {
+    /// Dotted job-file key, e.g. `parallel.tp`.
+    pub key: String,
+    /// What rule was broken, with the values involved.
+    pub rule: String,
+}
+
+impl JobError {
+    /// Builds an error for `key`.
+    pub fn new(key: impl Into<String>, rule: impl Into<String>) -> Self {
+        JobError { key: key.into(), rule: rule.into() }
+    }
+}
+
+fn positive(key: &str, v: u64) -> Result<(), JobError> {
+    if v == 0 { Err(JobError::new(key, "must be at least 1")) } else { Ok(()) }
+}
+
+fn positive_f(key: &str, v: f64) -> Result<(), JobError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(JobError::new(key, format!("must be a positive finite number (got {v})")))
+    }
+}
+
+fn nonneg_f(key: &str, v: f64) -> Result<(), JobError> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(JobError::new(key, format!("must be a non-negative finite number (got {v})")))
+    }
+}
+
+impl Job {
+    /// Number of GPUs.
+    pub fn num_gpus(&self) -> u64 {
+        self.cluster.num_gpus()
+    }
+
+    /// Micro-batches each pipeline runs per iteration.
+    pub fn micro_batches(&self) -> u64 {
+        self.training.global_batch as u64
+            / (self.parallel.dp as u64 * self.parallel.micro_batch as u64)
+    }
+
+    /// Tokens per iteration.
+    pub fn tokens_per_iteration(&self) -> u64 {
+        self.training.global_batch as u64 * self.model.seq_len as u64
+    }
+
+    /// Dense peak of the job's precision family, FLOP/s per GPU.
+    pub fn peak_flops(&self) -> f64 {
+        let tf = match self.training.precision {
+            Precision::Bf16 => self.cluster.gpu.peak_tflops_bf16,
+            Precision::Fp8 => self.cluster.gpu.peak_tflops_fp8.unwrap_or(self.cluster.gpu.peak_tflops_bf16),
+        };
+        tf * 1e12
+    }
+
+    /// Layers held by each pipeline rank, in stage order (sum = `model.layers`).
+    ///
+    /// Only valid on a validated job.
+    pub fn stage_layers(&self) -> Vec<u32> {
+        let p = &self.parallel;
+        let pp = p.pp as usize;
+        let mut out = vec![0u32; pp];
+        if pp == 1 {
+            out[0] = self.model.layers;
+            return out;
+        }
+        let first = p.first_stage_layers;
+        let last = p.last_stage_layers;
+        let fixed = first.unwrap_or(0) + last.unwrap_or(0);
+        let middle_stages = pp as u32 - first.is_some() as u32 - last.is_some() as u32;
+        let rest = self.model.layers - fixed;
+        let per = if middle_stages == 0 { 0 } else { rest / middle_stages };
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = per;
+            if i == 0 {
+                if let Some(f) = first {
+                    *slot = f;
+                }
+            }
+            if i == pp - 1 {
+                if let Some(l) = last {
+                    *slot = l;
+                }
+            }
+        }
+        out
+    }
+
+    /// Checks every rule a job must satisfy; the first broken rule is returned with its key.
+    pub fn validate(&self) -> Result<(), JobError> {
+        let m = &self.model;
+        let c = &self.cluster;
+        let p = &self.parallel;
+        let t = &self.training;
+
+        // Model sizes.
+        for (k, v) in [
+            ("model.layers", m.layers),
+            ("model.hidden", m.hidden),
+            ("model.ffn_hidden", m.ffn_hidden),
+            ("model.heads", m.heads),
+            ("model.kv_heads", m.kv_heads),
+            ("model.head_dim", m.head_dim),
+            ("model.vocab", m.vocab),
+            ("model.seq_len", m.seq_len),
+        ] {
+            positive(k, v as u64)?;
+        }
+        if m.layers > MAX_LAYERS {
+            return Err(JobError::new(
+                "model.layers",
+                format!("must be at most {MAX_LAYERS} (got {})", m.layers),
+            ));
+        }
+        if m.heads % m.kv_heads != 0 {
+            return Err(JobError::new(
+                "model.kv_heads",
+                format!("must divide model.heads ({} % {} != 0)", m.heads, m.kv_heads),
+            ));
+        }
+        if let Some(moe) = &m.moe {
+            positive("model.moe_experts", moe.experts as u64)?;
+            positive("model.moe_top_k", moe.top_k as u64)?;
+            positive("model.moe_ffn_hidden", moe.ffn_hidden as u64)?;
+            if moe.top_k > moe.experts {
+                return Err(JobError::new(
+                    "model.moe_top_k",
+                    format!("must not exceed model.moe_experts ({} > {})", moe.top_k, moe.experts),
+                ));
+            }
+        }
+
+        // Cluster.
+        positive("cluster.gpus_per_node", c.gpus_per_node as u64)?;
+        positive("cluster.nodes", c.nodes as u64)?;
+        if c.num_gpus() > MAX_GPUS {
+            return Err(JobError::new(
+                "cluster.nodes",
+                format!(
+                    "nodes x gpus_per_node = {} GPUs exceeds the supported maximum of {MAX_GPUS}",
+                    c.num_gpus()
+                ),
+            ));
+        }
+        positive_f("cluster.peak_tflops_bf16", c.gpu.peak_tflops_bf16)?;
+        if let Some(f8) = c.gpu.peak_tflops_fp8 {
+            positive_f("cluster.peak_tflops_fp8", f8)?;
+        }
+        positive_f("cluster.hbm_gib", c.gpu.hbm_gib)?;
+        positive_f("cluster.hbm_tbps", c.gpu.hbm_tbps)?;
+        positive_f("cluster.nvlink_gbps", c.nvlink_gbps)?;
+        positive_f("cluster.nic_gbps", c.nic_gbps)?;
+        nonneg_f("cluster.nic_latency_us", c.nic_latency_us)?;
+        nonneg_f("cluster.nvlink_latency_us", c.nvlink_latency_us)?;
+        positive("cluster.rail_group_nodes", c.topology.rail_group_nodes as u64)?;
+        if !(c.topology.oversubscription.is_finite() && c.topology.oversubscription >= 1.0) {
+            return Err(JobError::new(
+                "cluster.oversubscription",
+                format!("must be a finite number >= 1 (got {})", c.topology.oversubscription),
+            ));
+        }
+
+        // Parallel sizes.
+        for (k, v) in [
+            ("parallel.tp", p.tp),
+            ("parallel.pp", p.pp),
+            ("parallel.cp", p.cp),
+            ("parallel.ep", p.ep),
+            ("parallel.dp", p.dp),
+            ("parallel.vpp", p.vpp),
+            ("parallel.micro_batch", p.micro_batch),
+        ] {
+            positive(k, v as u64)?;
+        }
+        positive_f("parallel.dp_bucket_mparams", p.dp_bucket_mparams)?;
+        if m.heads % p.tp != 0 {
+            return Err(JobError::new(
+                "parallel.tp",
+                format!("must divide model.heads ({} % {} != 0)", m.heads, p.tp),
+            ));
+        }
+        if m.kv_heads % p.tp != 0 {
+            return Err(JobError::new(
+                "parallel.tp",
+                format!("must divide model.kv_heads ({} % {} != 0)", m.kv_heads, p.tp),
+            ));
+        }
+        if p.tp > c.gpus_per_node {
+            return Err(JobError::new(
+                "parallel.tp",
+                format!(
+                    "tensor parallelism must stay inside one node: tp ({}) > cluster.gpus_per_node ({})",
+                    p.tp, c.gpus_per_node
+                ),
+            ));
+        }
+        if c.gpus_per_node % p.tp != 0 {
+            return Err(JobError::new(
+                "parallel.tp",
+                format!(
+                    "must divide cluster.gpus_per_node so TP groups stay inside a node ({} % {} != 0)",
+                    c.gpus_per_node, p.tp
+                ),
+            ));
+        }
+        let model_parallel = p.tp as u64 * p.pp as u64 * p.cp as u64;
+        let product = model_parallel * p.dp as u64;
+        if product != c.num_gpus() {
+            return Err(JobError::new(
+                "parallel.dp",
+                format!(
+                    "tp x pp x cp x dp = {} x {} x {} x {} = {product} must equal the GPU count \
+                     nodes x gpus_per_node = {} x {} = {}",
+                    p.tp,
+                    p.pp,
+                    p.cp,
+                    p.dp,
+                    c.nodes,
+                    c.gpus_per_node,
+                    c.num_gpus()
+                ),
+            ));
+        }
+        if p.dp % p.ep != 0 {
+            return Err(JobError::new(
+                "parallel.ep",
+                format!("must divide parallel.dp ({} % {} != 0)", p.dp, p.ep),
+            ));
+        }
+        match &m.moe {
+            Some(moe) => {
+                if moe.experts % p.ep != 0 {
+                    return Err(JobError::new(
+                        "parallel.ep",
+                        format!("must divide model.moe_experts ({} % {} != 0)", moe.experts, p.ep),
+                    ));
+                }
+            }
+            None => {
+                if p.ep != 1 {
+                    return Err(JobError::new(
+                        "parallel.ep",
+                        "must be 1 for a dense model (set model.moe_experts for a mixture of experts)",
+                    ));
+                }
+            }
+        }
+        if p.cp > 1 && m.seq_len % (2 * p.cp) != 0 {
+            return Err(JobError::new(
+                "parallel.cp",
+                format!(
+                    "model.seq_len must be divisible by 2 x cp for load-balanced context parallelism \
+                     ({} % {} != 0)",
+                    m.seq_len,
+                    2 * p.cp
+                ),
+            ));
+        }
+        if p.sequence_parallel && p.tp > 1 && (m.seq_len / p.cp) % p.tp != 0 {
+            return Err(JobError::new(
+                "parallel.sequence_parallel",
+                format!(
+                    "needs the per-rank sequence (seq_len / cp = {}) divisible by tp ({})",
+                    m.seq_len / p.cp,
+                    p.tp
+                ),
+            ));
+        }
+
+        // Schedule and virtual stages.
+        match p.schedule {
+            Schedule::Interleaved => {
+                if p.vpp < 2 {
+                    return Err(JobError::new(
+                        "parallel.vpp",
+                        format!("the interleaved schedule needs vpp >= 2 (got {})", p.vpp),
+                    ));
+                }
+                if p.pp < 2 {
+                    return Err(JobError::new(
+                        "parallel.schedule",
+                        "the interleaved schedule needs pp >= 2",
+                    ));
+                }
+            }
+            Schedule::OneFOneB | Schedule::GPipe => {
+                if p.vpp != 1 {
+                    return Err(JobError::new(
+                        "parallel.vpp",
+                        format!(
+                            "vpp > 1 needs schedule = \"interleaved\" (got vpp = {} with another schedule)",
+                            p.vpp
+                        ),
+                    ));
+                }
+            }
+        }
+
+        // Layer split.
+        let uneven = p.first_stage_layers.is_some() || p.last_stage_layers.is_some();
+        if uneven {
+            if p.pp < 2 {
+                return Err(JobError::new(
+                    "parallel.first_stage_layers",
+                    "an uneven pipeline split needs pp >= 2",
+                ));
+            }
+            if p.vpp != 1 {
+                return Err(JobError::new(
+                    "parallel.first_stage_layers",
+                    "an uneven pipeline split is supported only with vpp = 1",
+                ));
+            }
+            let fixed = p.first_stage_layers.unwrap_or(0) + p.last_stage_layers.unwrap_or(0);
+            let middle = p.pp - p.first_stage_layers.is_some() as u32 - p.last_stage_layers.is_some() as u32;
+            let key = if p.first_stage_layers.is_some() {
+                "parallel.first_stage_layers"
+            } else {
+                "parallel.last_stage_layers"
+            };
+            if fixed > m.layers {
+                return Err(JobError::new(
+                    key,
+                    format!("first + last stage layers ({fixed}) exceed model.layers ({})", m.layers),
+                ));
+            }
+            let rest = m.layers - fixed;
+            if middle == 0 && rest != 0 || middle > 0 && rest % middle != 0 {
+                return Err(JobError::new(
+                    key,
+                    format!(
+                        "the remaining {rest} layers must split evenly over the {middle} other pipeline stages"
+                    ),
+                ));
+            }
+            if middle > 0 && rest / middle == 0 {
+                return Err(JobError::new(key, "every pipeline stage needs at least one layer"));
+            }
+            for (k, v) in [
+                ("parallel.first_stage_layers", p.first_stage_layers),
+                ("parallel.last_stage_layers", p.last_stage_layers),
+            ] {
+                if v == Some(0) {
+                    return Err(JobError::new(k, "must be at least 1"));
+                }
+            }
+        } else if m.layers % (p.pp * p.vpp) != 0 {
+            return Err(JobError::new(
+                "parallel.pp",
+                format!(
+                    "model.layers ({}) must be divisible by pp x vpp ({} x {}) unless an uneven split \
+                     (parallel.first_stage_layers / parallel.last_stage_layers) is given",
+                    m.layers, p.pp, p.vpp
+                ),
+            ));
+        }
+
+        // Batch.
+        positive("training.global_batch", t.global_batch as u64)?;
+        let per_step = p.dp as u64 * p.micro_batch as u64;
+        if t.global_batch as u64 % per_step != 0 {
+            return Err(JobError::new(
+                "training.global_batch",
+                format!(
+                    "must be divisible by dp x micro_batch = {} x {} = {per_step} (got {})",
+                    p.dp, p.micro_batch, t.global_batch
+                ),
+            ));
+        }
+        let mbs = self.micro_batches();
+        if mbs > MAX_MICRO_BATCHES {
+            return Err(JobError::new(
+                "training.global_batch",
+                format!("gives {mbs} micro-batches per pipeline, above the limit {MAX_MICRO_BATCHES}"),
+            ));
+        }
+        if p.schedule == Schedule::Interleaved && mbs % p.pp as u64 != 0 {
+            return Err(JobError::new(
+                "training.global_batch",
+                format!(
+                    "the interleaved schedule needs the micro-batch count ({mbs}) divisible by pp ({})",
+                    p.pp
+                ),
+            ));
+        }
+        if t.precision == Precision::Fp8 && c.gpu.peak_tflops_fp8.is_none() {
+            return Err(JobError::new(
+                "training.precision",
+                format!("\"fp8\" needs a GPU with FP8 tensor cores ({} has none)", c.gpu.name),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp8 => "fp8",
+        })
+    }
+}
+
+/// Test and example fixtures: small, valid jobs built in code.
+pub mod fixtures {
+    use super::*;
+
+    /// An H100 node type with the figures of `shared/validation/hardware.csv`.
+    pub fn h100_cluster(nodes: u32) -> Cluster {
+        Cluster {
+            name: "dgx-h100".into(),
+            gpu: Gpu {
+                name: "H100-SXM5-80GB".into(),
+                peak_tflops_bf16: 989.0,
+                peak_tflops_fp8: Some(1979.0),
+                hbm_gib: 80.0,
+                hbm_tbps: 3.35,
+            },
+            gpus_per_node: 8,
+            nodes,
+            nvlink_gbps: 3600.0,
+            nic_gbps: 400.0,
+            nic_latency_us: 5.0,
+            nvlink_latency_us: 1.0,
+            topology: Topology { rail_group_nodes: 32, oversubscription: 1.0 },
+        }
+    }
+
+    /// A small GPT-style model (8 layers, hidden 1024).
+    pub fn small_model() -> Model {
+        Model {
+            name: "gpt-small".into(),
+            layers: 8,
+            hidden: 1024,
+            ffn_hidden: 4096,
+            heads: 16,
+            kv_heads: 16,
+            head_dim: 64,
+            vocab: 32000,
+            seq_len: 2048,
+            activation: Activation::Gelu,
+            moe: None,
+            tied_embeddings: false,
+        }
+    }
+
+    /// A small job: `small_model` on `nodes` H100 nodes with the given tp/pp, dp derived.
+    pub fn small_job(nodes: u32, tp: u32, pp: u32, global_batch: u32) -> Job {
+        let cluster = h100_cluster(nodes);
+        let dp = (cluster.num_gpus() / (tp as u64 * pp as u64)) as u32;
+        Job {
+            name: "small".into(),
+            model: small_model(),
+            cluster,
+            parallel: Parallel {
+                tp,
+                pp,
+                cp: 1,
+                ep: 1,
+                dp,
+                vpp: 1,
+                micro_batch: 1,
+                sequence_parallel: tp > 1,
+                recompute: Recompute::None,
+                distributed_optimizer: true,
+                schedule: Schedule::OneFOneB,
+                first_stage_layers: None,
+                last_stage_layers: None,
+                dp_bucket_mparams: 40.0,
+            },
+            training: Training { global_batch, precision: Precision::Bf16 },
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The vocabulary of work a GPU does: compute kernels described by their shape, and the
+//! classes the reports group them by. The graph builder produces these; cost models price them.
+
+/// Class of a compute kernel, used for breakdowns, kernel tables and variability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpClass {
+    /// Dense matrix multiply (tensor cores).
+    Gemm,
+    /// Fused (flash) attention core.
+    Attention,
+    /// Layer norm / RMS norm.
+    Norm,
+    /// Other memory-bound elementwise work (activation, residual add, dropout, rotary).
+    Elementwise,
+    /// Embedding lookup / embedding gradient.
+    Embedding,
+    /// Cross-entropy loss (with its softmax over the vocabulary).
+    Loss,
+    /// MoE router (gate GEMM + top-k + permutation).
+    Router,
+    /// Optimizer step (Adam), memory-bound.
+    Optimizer,
+}
+
+impl OpClass {
+    /// Lower-case name used in reports and kernel tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpClass::Gemm => "gemm",
+            OpClass::Attention => "attention",
+            OpClass::Norm => "norm",
+            OpClass::Elementwise => "elementwise",
+            OpClass::Embedding => "embedding",
+            OpClass::Loss => "loss",
+            OpClass::Router => "router",
+            OpClass::Optimizer => "optimizer",
+        }
+    }
+}
+
+/// The shape of a compute kernel's work.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Work {
+    /// `batch` independent GEMMs of `[m x k] x [k x n]`: `2 m n k batch` FLOPs.
+    Gemm {
+        /// Rows of the output (tokens).
+        m: u64,
+        /// Columns of the output.
+        n: u64,
+        /// Reduction dimension.
+        k: u64,
+        /// Independent GEMMs (e.g. local experts).
+        batch: u64,
+    },
+    /// Fused attention over `heads` heads of `batch` sequences.
+    Attention {
+        /// Sequences.
+        batch: u64,
+        /// Query heads on this GPU.
+        heads: u64,
+        /// Query length on this GPU.
+        seq_q: u64,
+        /// Key/value length attended to.
+        seq_kv: u64,
+        /// Head width.
+        head_dim: u64,
+        /// Causal mask (about half of the score matrix is computed).
+        causal: bool,
+        /// Backward pass (about 2.5x the forward FLOPs with recomputed scores).
+        backward: bool,
+    },
+    /// Memory-bound kernel moving `bytes` through HBM (reads + writes).
+    Memory {
+        /// Bytes read plus bytes written.
+        bytes: u64,
+    },
+}
+
+impl Work {
+    /// Floating-point operations the kernel performs on the GPU.
+    pub fn flops(&self) -> f64 {
+        match *self {
+            Work::Gemm { m, n, k, batch } => 2.0 * m as f64 * n as f64 * k as f64 * batch as f64,
+            Work::Attention { batch, heads, seq_q, seq_kv, head_dim, causal, backward } => {
+                // QK^T and PV: 2 GEMMs of 2 * s_q * s_kv * d each.
+                let full = 4.0 * batch as f64 * heads as f64 * seq_q as f64 * seq_kv as f64 * head_dim as f64;
+                let masked = if causal { full * causal_fraction(seq_q, seq_kv) } else { full };
+                // Backward: dQ, dK, dV, dP (4 GEMMs) + recomputed QK^T (1) = 2.5x forward.
+                if backward { 2.5 * masked } else { masked }
+            }
+            Work::Memory { .. } => 0.0,
+        }
+    }
+
+    /// Bytes moved through HBM (a lower bound used by the roofline).
+    pub fn bytes(&self, bytes_per_element: f64) -> f64 {
+        match *self {
+            Work::Gemm { m, n, k, batch } => bytes_per_element * (m * k + k * n + m * n) as f64 * batch as f64,
+            Work::Attention { batch, heads, seq_q, seq_kv, head_dim, backward, .. } => {
+                let qo = 2 * batch * heads * seq_q * head_dim;
+                let kv = 2 * batch * heads * seq_kv * head_dim;
+                let f = if backward { 2.0 } else { 1.0 };
+                f * bytes_per_element * (qo + kv) as f64
+            }
+            Work::Memory { bytes } => bytes as f64,
+        }
+    }
+}
+
+/// Fraction of the `seq_q x seq_kv` score matrix a causal mask keeps when the queries are the
+/// last `seq_q` positions of `seq_kv` keys.
+pub fn causal_fraction(seq_q: u64, seq_kv: u64) -> f64 {
+    if seq_q == 0 || seq_kv == 0 {
+        return 0.0;
+    }
+    let q = seq_q as f64;
+    let kv = seq_kv as f64;
+    // Query i (0-based, offset kv - q) sees kv - q + i + 1 keys.
+    ((kv - q) * q + q * (q + 1.0) / 2.0) / (q * kv)
+}
+
+/// One compute kernel of an execution graph.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ComputeOp {
+    /// Kernel name, e.g. `qkv_fwd`.
+    pub name: &'static str,
+    /// Class for reports.
+    pub class: OpClass,
+    /// Shape of the work.
+    pub work: Work,
+    /// True when this is recomputed forward work inside backward (counts for HFU, not MFU).
+    pub recompute: bool,
+}

@@ -1,0 +1,13 @@
+//! # prism-io
+//!
+//! Prism's edge: everything that reads or writes a format. Job files (TOML) and their presets,
+//! HuggingFace `config.json`, measured kernel-time tables (CSV), the JSON summary and the
+//! Chrome/Perfetto trace. It converts between those formats and `prism-core` values; the core
+//! never sees a file.
+
+pub mod hf;
+pub mod jobfile;
+pub mod kernel_table;
+pub mod presets;
+pub mod report_json;
+pub mod trace;
