@@ -1,1 +1,990 @@
-//! engine
+//! Deterministic discrete-event simulation of one training iteration.
+//!
+//! Every simulated *instance* runs a [`Program`](crate::graph::Program): on each stream the next
+//! op starts as soon as the stream is free and the op's cross-stream dependencies are done.
+//! Kernels take their cost-model time; a collective starts when every participant has reached
+//! it, and ends for all of them together; a send moves its bytes and fills the receiver's
+//! mailbox. Traffic that crosses the scale-out fabric is a flow in the [`Network`], which shares
+//! link bandwidth max-min fairly with everything else in flight.
+//!
+//! Events are ordered by `(time, sequence number)` with integer picosecond times, so a run is a
+//! pure function of the job and options.
+//!
+//! Modes:
+//! - [`Mode::Full`]: every rank is an instance.
+//! - [`Mode::Reduced`]: one instance per pipeline stage (its symmetry class). Collectives start on
+//!   the representative's arrival (its peers do identical work and arrive at the same time), and
+//!   each flow carries the link usage of *all* its symmetric copies, so links see exactly the load
+//!   they see in the full run. Gives exactly the full run's timings when the job is symmetric,
+//!   which [`symmetry_check`] verifies before running.
+//! - [`Mode::Slice`]: the requested ranks are the representatives of their stages (PrismLLM's
+//!   real ranks) and every other rank is replayed as a virtual participant of its class.
+
+
+use crate::cost::comm::{self, CommParams, CommPlan, GroupShape};
+use crate::cost::compute::{ComputeModel, ComputeParams, KernelTable};
+use crate::graph::{ExecutionGraph, NUM_STREAMS, OpKind, Program, Stream};
+use crate::job::Job;
+use crate::layout::{GROUP_KINDS, GroupKind, Layout};
+use crate::network::{Fabric, FlowEnd, LinkId, Network, normalize};
+use crate::ops::OpClass;
+use crate::report::{Breakdown, RankTiming, Summary};
+use crate::units::SimTime;
+
+/// Which ranks to simulate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Every rank.
+    #[default]
+    Full,
+    /// One representative per symmetry class (pipeline stage).
+    Reduced,
+    /// These ranks, with everything else replayed from symmetry.
+    Slice(Vec<u32>),
+}
+
+/// Options of one simulation.
+#[derive(Clone, Debug, Default)]
+pub struct SimOptions {
+    /// Which ranks are simulated.
+    pub mode: Mode,
+    /// Compute efficiency parameters; `None` picks the GPU generation's defaults.
+    pub compute: Option<ComputeParams>,
+    /// Communication parameters.
+    pub comm: CommParams,
+    /// Measured kernel times that override the roofline.
+    pub kernel_table: Option<KernelTable>,
+    /// Ranks whose every op is recorded (for traces).
+    pub record_ranks: Vec<u32>,
+    /// Communication costs nothing (for checks against schedule formulas).
+    pub ideal_network: bool,
+}
+
+/// One executed op of a recorded rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpRecord {
+    /// Op id in the rank's program.
+    pub op: u32,
+    /// Start time, ps.
+    pub start: SimTime,
+    /// End time, ps.
+    pub end: SimTime,
+}
+
+/// The recorded ops of one rank.
+#[derive(Clone, Debug)]
+pub struct RankTimeline {
+    /// Rank.
+    pub rank: u32,
+    /// Ops in completion order.
+    pub ops: Vec<OpRecord>,
+}
+
+/// Why a simulation could not run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// A rank in a slice or record list does not exist.
+    #[error("rank {rank} does not exist (the job has {ranks} ranks)")]
+    NoSuchRank {
+        /// Requested rank.
+        rank: u32,
+        /// Ranks in the job.
+        ranks: u32,
+    },
+    /// The job's placement is not symmetric, so a reduced or sliced run would not be exact.
+    #[error("reduced and sliced runs need a symmetric placement: {0}; run the full simulation")]
+    Asymmetric(String),
+    /// The simulation stopped with work left (a dependency cycle): a bug.
+    #[error("simulation deadlocked at rank {rank} stream {stream}: {detail}")]
+    Deadlock {
+        /// Rank.
+        rank: u32,
+        /// Stream name.
+        stream: &'static str,
+        /// What it waited for.
+        detail: String,
+    },
+}
+
+/// Result of a simulation.
+#[derive(Clone, Debug)]
+pub struct SimResult {
+    /// Headline numbers.
+    pub summary: Summary,
+    /// Per simulated rank timings (every rank in full mode; representatives and the requested
+    /// ranks otherwise), by rank.
+    pub ranks: Vec<RankTiming>,
+    /// Recorded timelines.
+    pub timelines: Vec<RankTimeline>,
+    /// The graph that was simulated.
+    pub graph: ExecutionGraph,
+    /// Events processed.
+    pub events: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    OpDone { inst: u32, stream: u8 },
+    CollDone { kind: u8, id: u32 },
+    SendDone { inst: u32 },
+    Flow { flow: u32, generation: u32 },
+}
+
+/// The pending-event set. Events of the current instant wait in a FIFO; later ones in a
+/// monotone radix heap keyed by time (time never goes backwards in the engine, which is what a
+/// radix heap needs). Pop order is a pure function of the push sequence, so runs are
+/// reproducible; within one instant the engine's results do not depend on that order.
+struct EventQueue {
+    now: SimTime,
+    current: std::collections::VecDeque<Event>,
+    later: radix_heap::RadixHeapMap<u64, Event>,
+}
+
+impl EventQueue {
+    fn new() -> Self {
+        EventQueue { now: 0, current: Default::default(), later: radix_heap::RadixHeapMap::new() }
+    }
+
+    fn push(&mut self, time: SimTime, ev: Event) {
+        debug_assert!(time >= self.now, "event scheduled in the past");
+        if time == self.now {
+            self.current.push_back(ev);
+        } else {
+            // Max-heap over the complement of time = min-heap over time.
+            self.later.push(u64::MAX - time, ev);
+        }
+    }
+
+    /// True when no event is left at the current instant.
+    fn instant_done(&self) -> bool {
+        self.current.is_empty()
+    }
+
+    fn pop(&mut self) -> Option<(SimTime, Event)> {
+        if let Some(ev) = self.current.pop_front() {
+            return Some((self.now, ev));
+        }
+        let (k, ev) = self.later.pop()?;
+        self.now = u64::MAX - k;
+        Some((self.now, ev))
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Owner {
+    Coll { kind: u8, id: u32, min_end: SimTime, latency: SimTime },
+    Send { inst: u32, min_end: SimTime, latency: SimTime },
+}
+
+const NOT_YET: SimTime = SimTime::MAX;
+const WAIT_NONE: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Inst {
+    rank: u32,
+    prog: u32,
+    pc: [u32; NUM_STREAMS],
+    busy: [bool; NUM_STREAMS],
+    started: [SimTime; NUM_STREAMS],
+    last_done: [SimTime; NUM_STREAMS],
+    mailbox: u32,
+    recv_wait: u32,
+    last_compute_end: SimTime,
+    timing: RankTiming,
+    record: Option<usize>,
+}
+
+struct GroupState {
+    arrived: Vec<u32>,
+    start: Vec<SimTime>,
+    size: u32,
+}
+
+/// Simulates one iteration of a validated job.
+pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
+    let graph = ExecutionGraph::build(job);
+    let layout = graph.layout;
+    let n = layout.num_ranks();
+    for &r in opts.record_ranks.iter().chain(match &opts.mode {
+        Mode::Slice(v) => v.iter(),
+        _ => [].iter(),
+    }) {
+        if r >= n {
+            return Err(SimError::NoSuchRank { rank: r, ranks: n });
+        }
+    }
+    let compute = ComputeModel::new(
+        job,
+        opts.compute.clone().unwrap_or_else(|| ComputeParams::for_gpu(&job.cluster.gpu)),
+        opts.kernel_table.clone(),
+    );
+    let nic_bps = comm::nic_bytes_per_s(&job.cluster, &opts.comm);
+    let fabric = Fabric::new(&job.cluster, nic_bps);
+    // Representatives: in full mode every rank; otherwise one per stage.
+    let reps: Vec<u32> = match &opts.mode {
+        Mode::Full => (0..n).collect(),
+        Mode::Reduced | Mode::Slice(_) => {
+            symmetry_check(job, &layout, &fabric)?;
+            let wanted: &[u32] = match &opts.mode {
+                Mode::Slice(v) => v,
+                _ => &[],
+            };
+            (0..layout.pp)
+                .map(|s| {
+                    wanted
+                        .iter()
+                        .copied()
+                        .find(|&r| layout.coord(r).pp == s)
+                        .unwrap_or(s * layout.stage_size())
+                })
+                .collect()
+        }
+    };
+    let full = opts.mode == Mode::Full;
+    let mut sim = Sim::new(job, &graph, &compute, opts, fabric, reps, full);
+    sim.run()?;
+    let (summary, ranks) = sim.finish(job);
+    let mut ranks = ranks;
+    // Slices: report every requested rank with its representative's timing.
+    if let Mode::Slice(wanted) = &opts.mode {
+        let mut out = Vec::new();
+        for &r in wanted {
+            let stage = layout.coord(r).pp;
+            let rep = ranks.iter().find(|t| layout.coord(t.rank).pp == stage).expect("stage rep");
+            out.push(RankTiming { rank: r, ..rep.clone() });
+        }
+        out.sort_by_key(|t| t.rank);
+        out.dedup_by_key(|t| t.rank);
+        ranks = out;
+    }
+    let timelines = sim.timelines;
+    let events = sim.events;
+    Ok(SimResult { summary, ranks, timelines, graph, events })
+}
+
+/// Checks that every rank of a pipeline stage sees the same network: every group of a kind has
+/// the same shape, and every NIC and leaf link is crossed by the same number of copies of each
+/// flow class. Reduced and sliced runs are exact only then.
+pub fn symmetry_check(job: &Job, layout: &Layout, fabric: &Fabric) -> Result<(), SimError> {
+    for kind in GROUP_KINDS {
+        let first = group_shape(layout, kind, 0);
+        for g in 1..layout.group_count(kind) {
+            if group_shape(layout, kind, g) != first {
+                return Err(SimError::Asymmetric(format!(
+                    "{kind:?} group {g} is placed differently from group 0"
+                )));
+            }
+        }
+    }
+    // Per flow class, the per-link counts of its copies must be uniform over the links of each
+    // type it touches (NIC tx, NIC rx, leaf up, leaf down).
+    let mut links = Vec::new();
+    let classes = flow_classes(job, layout);
+    for class in &classes {
+        links.clear();
+        class_links(layout, fabric, class, &mut links);
+        let mut per_type: [Option<u32>; 4] = [None; 4];
+        let nic_links = 2 * layout.num_ranks();
+        for &(l, c) in &links {
+            let t = if l < nic_links { (l % 2) as usize } else { 2 + (l % 2) as usize };
+            match per_type[t] {
+                None => per_type[t] = Some(c),
+                Some(x) if x == c => {}
+                Some(x) => {
+                    return Err(SimError::Asymmetric(format!(
+                        "{} crosses some links {x} times and others {c} times",
+                        class.describe()
+                    )));
+                }
+            }
+        }
+        // Each copy of the class must also touch the same number of leaf links.
+        if class.copies_touching_leaves(layout, fabric) {
+            return Err(SimError::Asymmetric(format!(
+                "only some copies of {} cross the spine",
+                class.describe()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A class of symmetric flows: one collective kind of one stage, or the sends of one stage in
+/// one direction.
+#[derive(Clone, Copy, Debug)]
+enum FlowClass {
+    Group { kind: GroupKind, stage: u32 },
+    Send { stage: u32, delta: i8 },
+}
+
+impl FlowClass {
+    fn describe(&self) -> String {
+        match self {
+            FlowClass::Group { kind, stage } => format!("the {kind:?} collectives of stage {stage}"),
+            FlowClass::Send { stage, delta } => format!("the sends of stage {stage} (direction {delta})"),
+        }
+    }
+
+    /// True when some copies cross leaf uplinks and others do not.
+    fn copies_touching_leaves(&self, layout: &Layout, fabric: &Fabric) -> bool {
+        let nic_links = 2 * layout.num_ranks();
+        let mut counts: Vec<usize> = Vec::new();
+        let mut buf = Vec::new();
+        for_each_copy(layout, fabric, self, &mut buf, |links| {
+            counts.push(links.iter().filter(|&&(l, _)| l >= nic_links).map(|&(_, c)| c as usize).sum());
+        });
+        counts.windows(2).any(|w| w[0] != w[1])
+    }
+}
+
+fn flow_classes(job: &Job, layout: &Layout) -> Vec<FlowClass> {
+    let mut out = Vec::new();
+    for stage in 0..layout.pp {
+        for kind in GROUP_KINDS {
+            if layout.group_size(kind) > 1 {
+                out.push(FlowClass::Group { kind, stage });
+            }
+        }
+        if job.parallel.pp > 1 {
+            out.push(FlowClass::Send { stage, delta: 1 });
+            out.push(FlowClass::Send { stage, delta: -1 });
+        }
+    }
+    out
+}
+
+fn wrap_peer(layout: &Layout, rank: u32, delta: i8) -> u32 {
+    let c = layout.coord(rank);
+    let pp = ((c.pp + layout.pp) as i64 + delta as i64) as u32 % layout.pp;
+    layout.rank(crate::layout::Coord { pp, ..c })
+}
+
+/// Calls `f` with the links of every copy of `class` (each copy's links in `buf`).
+fn for_each_copy(
+    layout: &Layout,
+    fabric: &Fabric,
+    class: &FlowClass,
+    buf: &mut Vec<(LinkId, u32)>,
+    mut f: impl FnMut(&[(LinkId, u32)]),
+) {
+    match *class {
+        FlowClass::Group { kind, stage } => {
+            let per_stage = layout.group_count(kind) / layout.pp;
+            let mut members = Vec::new();
+            for g in stage * per_stage..(stage + 1) * per_stage {
+                members.clear();
+                members.extend(layout.members(kind, g));
+                buf.clear();
+                group_links(fabric, kind, &members, buf);
+                f(buf);
+            }
+        }
+        FlowClass::Send { stage, delta } => {
+            let size = layout.stage_size();
+            for r in stage * size..(stage + 1) * size {
+                let peer = wrap_peer(layout, r, delta);
+                buf.clear();
+                if !fabric.same_node(r, peer) {
+                    fabric.route(r, peer, buf);
+                }
+                f(buf);
+            }
+        }
+    }
+}
+
+fn class_links(layout: &Layout, fabric: &Fabric, class: &FlowClass, out: &mut Vec<(LinkId, u32)>) {
+    let mut buf = Vec::new();
+    for_each_copy(layout, fabric, class, &mut buf, |links| out.extend_from_slice(links));
+    normalize(out);
+}
+
+fn group_links(fabric: &Fabric, kind: GroupKind, members: &[u32], out: &mut Vec<(LinkId, u32)>) {
+    if kind == GroupKind::Ep {
+        fabric.all_to_all_links(members, out);
+    } else {
+        fabric.ring_links(members, out);
+    }
+}
+
+fn group_shape(layout: &Layout, kind: GroupKind, group: u32) -> GroupShape {
+    let mut nodes: Vec<u32> = layout.members(kind, group).map(|r| layout.node(r)).collect();
+    let ranks = nodes.len() as u32;
+    nodes.sort_unstable();
+    let mut per_node = 0u32;
+    let mut distinct = 0u32;
+    let mut i = 0;
+    while i < nodes.len() {
+        let j = nodes[i..].iter().take_while(|&&x| x == nodes[i]).count();
+        per_node = per_node.max(j as u32);
+        distinct += 1;
+        i += j;
+    }
+    GroupShape { ranks, nodes: distinct, per_node }
+}
+
+struct Sim<'a> {
+    job: &'a Job,
+    graph: &'a ExecutionGraph,
+    layout: Layout,
+    opts: &'a SimOptions,
+    full: bool,
+    /// Compute durations per program per op (0 for non-compute ops).
+    durations: Vec<Vec<SimTime>>,
+    insts: Vec<Inst>,
+    /// rank -> instance (full mode) ; stage -> instance otherwise.
+    inst_of: Vec<u32>,
+    mail: Vec<(SimTime, SimTime)>,
+    groups: Vec<GroupState>,
+    shapes: Vec<Vec<Option<GroupShape>>>,
+    links_cache: Vec<Vec<Option<Vec<(LinkId, u32)>>>>,
+    send_links_cache: Vec<Option<Vec<(LinkId, u32)>>>,
+    fabric: Fabric,
+    net: Network,
+    owners: Vec<Option<Owner>>,
+    queue: EventQueue,
+    now: SimTime,
+    events: u64,
+    scratch_links: Vec<(LinkId, u32)>,
+    flow_ends: Vec<FlowEnd>,
+    timelines: Vec<RankTimeline>,
+    remaining_ops: u64,
+}
+
+fn kind_index(kind: GroupKind) -> usize {
+    GROUP_KINDS.iter().position(|&k| k == kind).expect("kind")
+}
+
+impl<'a> Sim<'a> {
+    fn new(
+        job: &'a Job,
+        graph: &'a ExecutionGraph,
+        compute: &ComputeModel,
+        opts: &'a SimOptions,
+        fabric: Fabric,
+        reps: Vec<u32>,
+        full: bool,
+    ) -> Self {
+        let layout = graph.layout;
+        let durations: Vec<Vec<SimTime>> = graph
+            .programs
+            .iter()
+            .map(|p| {
+                p.kind
+                    .iter()
+                    .map(|k| match k {
+                        OpKind::Compute(op) => compute.time_ps(op),
+                        _ => 0,
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut insts = Vec::with_capacity(reps.len());
+        let mut mailbox = 0u32;
+        let mut remaining_ops = 0u64;
+        let mut timelines = Vec::new();
+        for &r in &reps {
+            let prog = layout.coord(r).pp;
+            let p = &graph.programs[prog as usize];
+            let record = if opts.record_ranks.contains(&r) {
+                timelines.push(RankTimeline { rank: r, ops: Vec::new() });
+                Some(timelines.len() - 1)
+            } else {
+                None
+            };
+            insts.push(Inst {
+                rank: r,
+                prog,
+                pc: [0; NUM_STREAMS],
+                busy: [false; NUM_STREAMS],
+                started: [0; NUM_STREAMS],
+                last_done: [0; NUM_STREAMS],
+                mailbox,
+                recv_wait: WAIT_NONE,
+                last_compute_end: 0,
+                timing: RankTiming { rank: r, ..RankTiming::default() },
+                record,
+            });
+            mailbox += p.recv_slots;
+            remaining_ops += p.len() as u64;
+        }
+        let inst_of: Vec<u32> = if full {
+            (0..layout.num_ranks()).collect()
+        } else {
+            // stage -> instance
+            (0..layout.pp).collect()
+        };
+        let groups = GROUP_KINDS
+            .iter()
+            .map(|&k| {
+                let count = if full { layout.group_count(k) as usize } else { 0 };
+                GroupState {
+                    arrived: vec![0; count],
+                    start: vec![0; count],
+                    size: if full { layout.group_size(k) } else { 1 },
+                }
+            })
+            .collect();
+        let shapes = GROUP_KINDS.iter().map(|&k| vec![None; layout.group_count(k) as usize]).collect();
+        let links_cache = GROUP_KINDS
+            .iter()
+            .map(|&k| vec![None; if full { layout.group_count(k) as usize } else { layout.pp as usize }])
+            .collect();
+        let net = Network::new(fabric.capacity.clone());
+        Sim {
+            job,
+            graph,
+            layout,
+            opts,
+            full,
+            durations,
+            insts,
+            inst_of,
+            mail: vec![(NOT_YET, 0); mailbox as usize],
+            groups,
+            shapes,
+            links_cache,
+            send_links_cache: vec![None; 2 * layout.pp as usize],
+            fabric,
+            net,
+            owners: Vec::new(),
+            queue: EventQueue::new(),
+            now: 0,
+            events: 0,
+            scratch_links: Vec::new(),
+            flow_ends: Vec::new(),
+            timelines,
+            remaining_ops,
+        }
+    }
+
+    fn push(&mut self, time: SimTime, ev: Event) {
+        debug_assert!(time >= self.now);
+        self.queue.push(time, ev);
+    }
+
+    fn program(&self, inst: u32) -> &'a Program {
+        &self.graph.programs[self.insts[inst as usize].prog as usize]
+    }
+
+    fn run(&mut self) -> Result<(), SimError> {
+        for i in 0..self.insts.len() as u32 {
+            self.advance(i);
+        }
+        loop {
+            // Rates are recomputed once per instant, after everything that happens at it.
+            if self.net.needs_settle() && self.queue.instant_done() {
+                self.settle();
+            }
+            let Some((t, ev)) = self.queue.pop() else { break };
+            debug_assert!(t >= self.now);
+            self.now = t;
+            self.events += 1;
+            self.handle(ev);
+        }
+        if self.remaining_ops != 0 {
+            return Err(self.deadlock());
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self) {
+        let mut ends = std::mem::take(&mut self.flow_ends);
+        ends.clear();
+        self.net.settle(self.now, &mut ends);
+        for e in &ends {
+            debug_assert!(e.time > self.now);
+            self.push(e.time, Event::Flow { flow: e.flow, generation: e.generation });
+        }
+        self.flow_ends = ends;
+    }
+
+    fn deadlock(&self) -> SimError {
+        for inst in &self.insts {
+            let p = &self.graph.programs[inst.prog as usize];
+            for s in 0..NUM_STREAMS {
+                if (inst.pc[s] as usize) < p.stream_ops[s].len() {
+                    let op = p.stream_ops[s][inst.pc[s] as usize];
+                    return SimError::Deadlock {
+                        rank: inst.rank,
+                        stream: crate::graph::STREAMS[s].name(),
+                        detail: format!("op {op} {:?}", p.kind[op as usize]),
+                    };
+                }
+            }
+        }
+        SimError::Deadlock { rank: 0, stream: "?", detail: "unknown".into() }
+    }
+
+    fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::OpDone { inst, stream } => {
+                self.complete(inst, stream as usize, None);
+                self.advance(inst);
+            }
+            Event::CollDone { kind, id } => {
+                let k = GROUP_KINDS[kind as usize];
+                let stream = stream_of(k);
+                if self.full {
+                    let start = self.groups[kind as usize].start[id as usize];
+                    let members: Vec<u32> = self.layout.members(k, id).collect();
+                    for &m in &members {
+                        self.complete(m, stream, Some(start));
+                    }
+                    for &m in &members {
+                        self.advance(m);
+                    }
+                } else {
+                    self.complete(id, stream, None);
+                    self.advance(id);
+                }
+            }
+            Event::SendDone { inst } => {
+                self.deliver(inst);
+                self.complete(inst, Stream::PpSend as usize, None);
+                self.advance(inst);
+            }
+            Event::Flow { flow, generation } => {
+                let end = FlowEnd { flow, generation, time: self.now };
+                if !self.net.is_current(&end) {
+                    return;
+                }
+                self.net.finish(flow);
+                let owner = self.owners[flow as usize].take().expect("flow owner");
+                match owner {
+                    Owner::Coll { kind, id, min_end, latency } => {
+                        let t = self.now.max(min_end) + latency;
+                        self.push(t, Event::CollDone { kind, id });
+                    }
+                    Owner::Send { inst, min_end, latency } => {
+                        let t = self.now.max(min_end) + latency;
+                        self.push(t, Event::SendDone { inst });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Puts the message of `inst`'s current send into the receiver's mailbox.
+    fn deliver(&mut self, inst: u32) {
+        let p = self.program(inst);
+        let i = &self.insts[inst as usize];
+        let op = p.stream_ops[Stream::PpSend as usize][i.pc[Stream::PpSend as usize] as usize];
+        let OpKind::Send { delta, slot, .. } = p.kind[op as usize] else { unreachable!("send op") };
+        let sent_at = i.started[Stream::PpSend as usize];
+        let peer = wrap_peer(&self.layout, i.rank, delta);
+        let target = if self.full { self.inst_of[peer as usize] } else { self.inst_of[self.layout.coord(peer).pp as usize] };
+        let t = &self.insts[target as usize];
+        let idx = (t.mailbox + slot) as usize;
+        debug_assert_eq!(self.mail[idx].0, NOT_YET, "mailbox slot filled twice");
+        self.mail[idx] = (self.now, sent_at);
+        if t.recv_wait == slot {
+            self.insts[target as usize].recv_wait = WAIT_NONE;
+            self.complete(target, Stream::PpRecv as usize, None);
+            self.advance(target);
+        }
+    }
+
+    /// Marks the current op of `stream` done at `now`.
+    fn complete(&mut self, inst: u32, stream: usize, start: Option<SimTime>) {
+        let now = self.now;
+        let p = self.program(inst);
+        let i = &mut self.insts[inst as usize];
+        debug_assert!(i.busy[stream] || stream == Stream::PpRecv as usize);
+        let op = p.stream_ops[stream][i.pc[stream] as usize];
+        i.busy[stream] = false;
+        i.pc[stream] += 1;
+        i.last_done[stream] = now;
+        if stream == Stream::Compute as usize {
+            i.last_compute_end = now;
+        }
+        if let Some(rec) = i.record {
+            let s = start.unwrap_or(i.started[stream]).max(i.started[stream]);
+            self.timelines[rec].ops.push(crate::engine::OpRecord { op, start: s.min(now), end: now });
+        }
+        self.remaining_ops -= 1;
+    }
+
+    /// Starts every op of `inst` that can start now.
+    fn advance(&mut self, inst: u32) {
+        let p = self.program(inst);
+        let mut progress = true;
+        while progress {
+            progress = false;
+            for s in 0..NUM_STREAMS {
+                let i = &self.insts[inst as usize];
+                if i.busy[s] || i.pc[s] as usize >= p.stream_ops[s].len() {
+                    continue;
+                }
+                let op = p.stream_ops[s][i.pc[s] as usize];
+                let mut ready = true;
+                let mut blocker: Option<usize> = None;
+                for &d in p.deps_of(op) {
+                    let ds = p.stream[d as usize] as usize;
+                    if i.pc[ds] <= p.pos[d as usize] {
+                        ready = false;
+                        break;
+                    }
+                    if blocker.is_none_or(|b| i.last_done[ds] > i.last_done[b]) {
+                        blocker = Some(ds);
+                    }
+                }
+                if !ready {
+                    continue;
+                }
+                if self.start(inst, s, op, blocker) {
+                    progress = true;
+                }
+            }
+        }
+    }
+
+    /// Starts `op` on stream `s`; returns true when the op completed immediately.
+    fn start(&mut self, inst: u32, s: usize, op: u32, blocker: Option<usize>) -> bool {
+        let now = self.now;
+        let p = self.program(inst);
+        {
+            let i = &mut self.insts[inst as usize];
+            i.busy[s] = true;
+            i.started[s] = now;
+        }
+        match p.kind[op as usize] {
+            OpKind::Compute(_) => {
+                self.account_gap(inst, blocker, op);
+                let end = self.run_kernels(inst, op);
+                self.push(end, Event::OpDone { inst, stream: s as u8 });
+                false
+            }
+            OpKind::Collective { group, op: coll, bytes } => {
+                self.arrive(inst, group, coll, bytes);
+                false
+            }
+            OpKind::Send { delta, bytes, .. } => {
+                self.start_send(inst, delta, bytes);
+                false
+            }
+            OpKind::Recv { slot } => {
+                let idx = (self.insts[inst as usize].mailbox + slot) as usize;
+                if self.mail[idx].0 != NOT_YET {
+                    self.complete(inst, s, None);
+                    true
+                } else {
+                    self.insts[inst as usize].recv_wait = slot;
+                    false
+                }
+            }
+        }
+    }
+
+    /// Runs kernel `op` and, fused into the same event, every following kernel that would
+    /// start the instant its predecessor ends: the predecessor has no dependents on other
+    /// streams (nobody can observe its end) and the successor's dependencies are already met.
+    /// Exact: each fused kernel starts when it would have started in the unfused run.
+    /// Returns the end time of the last kernel of the chain, whose completion is an event.
+    fn run_kernels(&mut self, inst: u32, first: u32) -> SimTime {
+        let p = self.program(inst);
+        let compute_ops = &p.stream_ops[Stream::Compute as usize];
+        let durations = &self.durations[self.insts[inst as usize].prog as usize];
+        let i = &mut self.insts[inst as usize];
+        let mut op = first;
+        let mut start = self.now;
+        loop {
+            let dur = durations[op as usize];
+            let secs = dur as f64 * 1e-12;
+            i.timing.compute_s += secs;
+            if let OpKind::Compute(c) = p.kind[op as usize] {
+                if c.class == OpClass::Gemm {
+                    i.timing.gemm_s += secs;
+                }
+            }
+            let end = start + dur;
+            let next_pos = p.pos[op as usize] as usize + 1;
+            if p.has_dependents[op as usize] || next_pos >= compute_ops.len() {
+                i.started[Stream::Compute as usize] = start;
+                return end;
+            }
+            let next = compute_ops[next_pos];
+            let ready = p.deps_of(next).iter().all(|&d| i.pc[p.stream[d as usize] as usize] > p.pos[d as usize]);
+            if !ready {
+                i.started[Stream::Compute as usize] = start;
+                return end;
+            }
+            // `op` ends at `end` unobserved; `next` starts then.
+            i.pc[Stream::Compute as usize] += 1;
+            self.remaining_ops -= 1;
+            if let Some(rec) = i.record {
+                self.timelines[rec].ops.push(OpRecord { op, start, end });
+            }
+            op = next;
+            start = end;
+        }
+    }
+
+    /// Attributes the compute stream's idle gap before `op` to what it waited for.
+    fn account_gap(&mut self, inst: u32, blocker: Option<usize>, op: u32) {
+        let now = self.now;
+        let p = self.program(inst);
+        let i = &mut self.insts[inst as usize];
+        let gap = now.saturating_sub(i.last_compute_end);
+        if gap == 0 {
+            return;
+        }
+        let g = gap as f64 * 1e-12;
+        let b = &mut i.timing.breakdown;
+        match blocker.map(|s| crate::graph::STREAMS[s]) {
+            Some(Stream::Tp) => b.tp_s += g,
+            Some(Stream::Cp) => b.cp_s += g,
+            Some(Stream::Ep) => b.ep_s += g,
+            Some(Stream::Dp) => b.dp_s += g,
+            Some(Stream::PpSend) => b.pp_s += g,
+            Some(Stream::PpRecv) => {
+                // The wait splits into the transfer itself (exposed PP communication) and the
+                // time the sender was still computing (pipeline bubble).
+                let recv_op = p.deps_of(op).iter().copied().find(|&d| p.stream[d as usize] == Stream::PpRecv);
+                let transfer = recv_op
+                    .and_then(|r| match p.kind[r as usize] {
+                        OpKind::Recv { slot } => Some(self.mail[(i.mailbox + slot) as usize]),
+                        _ => None,
+                    })
+                    .map_or(0, |(arrive, sent)| arrive.saturating_sub(sent.max(i.last_compute_end)));
+                let t = transfer.min(gap);
+                b.pp_s += t as f64 * 1e-12;
+                b.bubble_s += (gap - t) as f64 * 1e-12;
+            }
+            Some(Stream::Compute) | None => b.bubble_s += g,
+        }
+    }
+
+    fn shape(&mut self, kind: GroupKind, group: u32) -> GroupShape {
+        let k = kind_index(kind);
+        if let Some(s) = self.shapes[k][group as usize] {
+            return s;
+        }
+        let s = group_shape(&self.layout, kind, group);
+        self.shapes[k][group as usize] = Some(s);
+        s
+    }
+
+    fn arrive(&mut self, inst: u32, kind: GroupKind, coll: comm::Collective, bytes: u64) {
+        let rank = self.insts[inst as usize].rank;
+        let group = self.layout.group_of(kind, rank);
+        let k = kind_index(kind);
+        let id = if self.full {
+            let g = &mut self.groups[k];
+            g.arrived[group as usize] += 1;
+            if g.arrived[group as usize] < g.size {
+                return;
+            }
+            g.arrived[group as usize] = 0;
+            g.start[group as usize] = self.now;
+            group
+        } else {
+            inst
+        };
+        let shape = self.shape(kind, group);
+        let plan = comm::plan_collective(coll, bytes, shape, &self.job.cluster, &self.opts.comm);
+        if self.opts.ideal_network {
+            self.push(self.now, Event::CollDone { kind: k as u8, id });
+            return;
+        }
+        if plan.nic_bytes == 0 {
+            self.push(self.now + plan.latency_ps + plan.nvlink_ps, Event::CollDone { kind: k as u8, id });
+            return;
+        }
+        // Links: the group's own (full) or those of all its symmetric copies (reduced).
+        let key = if self.full { group as usize } else { self.layout.coord(rank).pp as usize };
+        if self.links_cache[k][key].is_none() {
+            let mut links = Vec::new();
+            if self.full {
+                let members: Vec<u32> = self.layout.members(kind, group).collect();
+                group_links(&self.fabric, kind, &members, &mut links);
+            } else {
+                let stage = self.layout.coord(rank).pp;
+                class_links(&self.layout, &self.fabric, &FlowClass::Group { kind, stage }, &mut links);
+            }
+            self.links_cache[k][key] = Some(links);
+        }
+        let links = self.links_cache[k][key].as_deref().expect("cached");
+        let owner = Owner::Coll { kind: k as u8, id, min_end: self.now + plan.nvlink_ps, latency: plan.latency_ps };
+        self.add_flow(links.to_vec().as_slice(), plan, owner);
+    }
+
+    fn add_flow(&mut self, links: &[(LinkId, u32)], plan: CommPlan, owner: Owner) {
+        let f = self.net.add(self.now, links, plan.nic_bytes, 0);
+        if self.owners.len() <= f as usize {
+            self.owners.resize(f as usize + 1, None);
+        }
+        self.owners[f as usize] = Some(owner);
+    }
+
+    fn start_send(&mut self, inst: u32, delta: i8, bytes: u64) {
+        let rank = self.insts[inst as usize].rank;
+        let peer = wrap_peer(&self.layout, rank, delta);
+        let same = self.fabric.same_node(rank, peer);
+        let plan = comm::plan_p2p(bytes, same, &self.job.cluster, &self.opts.comm);
+        if self.opts.ideal_network {
+            self.push(self.now, Event::SendDone { inst });
+            return;
+        }
+        if plan.nic_bytes == 0 {
+            self.push(self.now + plan.latency_ps + plan.nvlink_ps, Event::SendDone { inst });
+            return;
+        }
+        let owner = Owner::Send { inst, min_end: self.now, latency: plan.latency_ps };
+        if self.full {
+            let mut links = std::mem::take(&mut self.scratch_links);
+            links.clear();
+            self.fabric.route(rank, peer, &mut links);
+            self.add_flow(&links, plan, owner);
+            self.scratch_links = links;
+        } else {
+            let stage = self.layout.coord(rank).pp;
+            let key = 2 * stage as usize + (delta > 0) as usize;
+            if self.send_links_cache[key].is_none() {
+                let mut links = Vec::new();
+                class_links(&self.layout, &self.fabric, &FlowClass::Send { stage, delta }, &mut links);
+                self.send_links_cache[key] = Some(links);
+            }
+            let links = self.send_links_cache[key].clone().expect("cached");
+            self.add_flow(&links, plan, owner);
+        }
+    }
+
+    fn finish(&mut self, job: &Job) -> (Summary, Vec<RankTiming>) {
+        let iteration_ps = self.insts.iter().map(|i| *i.last_done.iter().max().unwrap_or(&0)).max().unwrap_or(0);
+        let t = iteration_ps as f64 * 1e-12;
+        let mut ranks = Vec::with_capacity(self.insts.len());
+        for i in &mut self.insts {
+            let own_end = *i.last_done.iter().max().unwrap_or(&0);
+            let tail_dp = own_end.saturating_sub(i.last_compute_end) as f64 * 1e-12;
+            let tail_idle = iteration_ps.saturating_sub(own_end) as f64 * 1e-12;
+            i.timing.breakdown.dp_s += tail_dp;
+            i.timing.breakdown.bubble_s += tail_idle;
+            i.timing.breakdown.compute_s = i.timing.compute_s;
+            i.timing.finish_s = own_end as f64 * 1e-12;
+            ranks.push(i.timing.clone());
+        }
+        ranks.sort_by_key(|r| r.rank);
+        // Averages weight each simulated instance by the ranks it stands for (all equal here:
+        // full mode has one rank per instance, reduced mode one stage per instance).
+        let mut avg = Breakdown::default();
+        for r in &ranks {
+            avg.add(&r.breakdown);
+        }
+        avg.scale(1.0 / ranks.len().max(1) as f64);
+        let stage_peak = (0..self.layout.pp)
+            .map(|s| crate::memory::stage_memory(job, s).total())
+            .collect::<Vec<u64>>();
+        let summary = Summary::new(job, t, avg, stage_peak, self.graph);
+        (summary, ranks)
+    }
+}
+
+fn stream_of(kind: GroupKind) -> usize {
+    (match kind {
+        GroupKind::Tp => Stream::Tp,
+        GroupKind::Cp => Stream::Cp,
+        GroupKind::Ep => Stream::Ep,
+        GroupKind::Dp | GroupKind::Edp => Stream::Dp,
+    }) as usize
+}

@@ -26,3 +26,5 @@ pub mod network;
 pub mod ops;
 pub mod report;
 pub mod units;
+
+pub use engine::{Mode, SimOptions, SimResult, simulate};

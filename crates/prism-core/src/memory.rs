@@ -1,1 +1,620 @@
-//! Memory model (placeholder).
+//! Memory model: bytes each GPU of a pipeline stage holds at its peak.
+//!
+//! Model and optimizer state follow Megatron-LM mixed-precision training with Adam:
+//!
+//! | state | bytes / parameter | sharded over |
+//! |---|---|---|
+//! | BF16 weights | 2 | tp (and ep for experts) |
+//! | FP32 main gradients (Megatron accumulates and reduces gradients in FP32) | 4 | tp (ep) |
+//! | FP32 master weights + Adam first and second moments | 4 + 4 + 4 = 12 | tp (ep), and with the distributed optimizer also dp x cp (experts: dp / ep x cp) |
+//!
+//! Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+//! Transformer Models" (Section 4), generalized per tensor to grouped-query attention and
+//! gated MLPs (see [`activation_bytes_per_layer`]), times the micro-batches the pipeline
+//! schedule keeps in flight (see [`in_flight_microbatches`]).
+//!
+//! Conventions and simplifications, all per GPU:
+//! * Layer norm weights and the MoE router are replicated across tensor parallelism (as in
+//!   Megatron); attention, MLP, embedding and LM head weights are split over `tp`; experts are
+//!   split over `ep` and then over `tp` (Megatron-Core's default expert tensor parallel size is
+//!   `tp`). The vocabulary is not padded.
+//! * The input embedding lives on the first stage, the final norm and LM head on the last. With
+//!   tied embeddings and more than one stage both stages hold a copy (Megatron keeps the copies
+//!   in sync with an all-reduce); with one stage it is held once.
+//! * FP8 training (Transformer Engine) is modelled with the same BF16 weights; its cached FP8
+//!   weight copies are not counted.
+//! * [`WORKSPACE_BYTES`] is reserved for everything not modelled tensor by tensor.
+
+use crate::job::{Job, Recompute, Schedule};
+
+/// Fixed reserve per GPU for the CUDA context and cuBLAS/cuDNN workspaces (~0.5 GiB together),
+/// NCCL communication buffers (a few hundred MiB with several communicators) and caching
+/// allocator fragmentation: 1 GiB.
+pub const WORKSPACE_BYTES: u64 = 1 << 30;
+/// Bytes per parameter of the BF16 weights.
+pub const WEIGHT_BYTES_PER_PARAM: u64 = 2;
+/// Bytes per parameter of the FP32 main gradients.
+pub const GRAD_BYTES_PER_PARAM: u64 = 4;
+/// Bytes per parameter of the optimizer state: FP32 master weights + Adam's two FP32 moments.
+pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 12;
+
+/// Bytes one GPU holds, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryBreakdown {
+    /// BF16 model weights.
+    pub weights: u64,
+    /// FP32 main gradients.
+    pub gradients: u64,
+    /// Optimizer state (FP32 master weights and Adam moments), after sharding.
+    pub optimizer: u64,
+    /// Activations kept for the backward pass at the schedule's peak.
+    pub activations: u64,
+    /// Fixed reserve ([`WORKSPACE_BYTES`]).
+    pub workspace: u64,
+}
+
+impl MemoryBreakdown {
+    /// Sum of all kinds, bytes.
+    pub fn total(&self) -> u64 {
+        self.weights + self.gradients + self.optimizer + self.activations + self.workspace
+    }
+}
+
+/// Parameters one GPU of a stage holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageParams {
+    /// Parameters whose gradients are reduced over the dense data-parallel group (`dp x cp`):
+    /// attention, dense MLP, norms, router, embedding, LM head.
+    pub dense: u64,
+    /// Expert parameters, reduced over the expert-data-parallel group (`dp / ep x cp`).
+    pub expert: u64,
+}
+
+impl StageParams {
+    /// All parameters on the GPU.
+    pub fn total(&self) -> u64 {
+        self.dense + self.expert
+    }
+}
+
+/// Parameters one GPU of pipeline stage `stage` holds (see the module docs for what is split
+/// how).
+pub fn stage_params(job: &Job, stage: u32) -> StageParams {
+    let m = &job.model;
+    let p = &job.parallel;
+    let tp = p.tp as u64;
+    let ep = p.ep as u64;
+    let h = m.hidden as u64;
+    let layers = job.stage_layers()[stage as usize] as u64;
+    let last = stage + 1 == p.pp;
+
+    let norms = 2 * h;
+    let (mlp_dense, expert) = match &m.moe {
+        None => (m.dense_mlp_params().div_ceil(tp), 0),
+        Some(moe) => {
+            let router = h * moe.experts as u64;
+            let local_experts = moe.experts as u64 / ep;
+            (router, (local_experts * m.expert_params()).div_ceil(tp))
+        }
+    };
+    let layer_dense = m.attention_params().div_ceil(tp) + norms + mlp_dense;
+    let embedding = (m.vocab as u64 * h).div_ceil(tp);
+
+    let mut dense = layers * layer_dense;
+    if stage == 0 {
+        dense += embedding;
+    }
+    if last {
+        // Final norm, plus the LM head unless it is the (tied) input embedding on this GPU.
+        dense += h;
+        if !(m.tied_embeddings && p.pp == 1) {
+            dense += embedding;
+        }
+    }
+    StageParams {
+        dense,
+        expert: layers * expert,
+    }
+}
+
+/// Activation bytes one transformer layer keeps for one micro-batch on one GPU, for the job's
+/// recompute mode and sequence-parallel setting.
+///
+/// With `s = seq_len / cp`, `b = micro_batch`, `h = hidden`, `a` query heads, `t = tp`,
+/// `hq = heads x head_dim`, `hkv = kv_heads x head_dim`, `f` the MLP width and `k` the experts
+/// a token is routed to (1 for dense layers), Korthikanti's tensors (BF16 = 2 bytes, dropout
+/// masks 1 byte) are, per layer and micro-batch:
+///
+/// | tensor | bytes | split over t without SP |
+/// |---|---|---|
+/// | LayerNorm 1 input | 2sbh | no |
+/// | QKV projection input | 2sbh | no |
+/// | Q and K (for QK^T) | 2sb(hq + hkv) | yes |
+/// | softmax output | 2as²b | yes |
+/// | softmax dropout mask | as²b | yes |
+/// | dropout output (for attention over V) | 2as²b | yes |
+/// | V | 2sb·hkv | yes |
+/// | output projection input | 2sb·hq | yes |
+/// | attention dropout mask | sbh | no |
+/// | LayerNorm 2 input | 2sbh | no |
+/// | MLP input (k routed copies in MoE) | 2sbh·k | no |
+/// | activation input + output: GeLU 2sbf + 2sbf; SwiGLU gate and up 4sbf + output 2sbf (k copies in MoE) | (4 or 6)sbf·k | yes |
+/// | MLP dropout mask | sbh | no |
+/// | MoE router probabilities (FP32) | 4sb·E | no |
+///
+/// For GPT (GeLU, `f = 4h`, `hq = hkv = h`, dense) the unsplit tensors sum to `10sbh`, the split
+/// ones to `24sbh`, and the attention core to `5as²b`: Korthikanti's `sbh(10 + 24/t + 5as/(ht))`
+/// without sequence parallelism and `sbh/t (34 + 5as/h)` with it (every tensor split over `t`).
+///
+/// * [`Recompute::None`] uses Korthikanti's form as is, with the attention core (score matrix)
+///   stored. (With FlashAttention the score matrix is never materialized, so for such kernels
+///   `Selective` is the closer description; the job says which is modelled.)
+/// * [`Recompute::Selective`] drops the `5as²b` attention-core term.
+/// * [`Recompute::Full`] keeps only the layer input, `2sbh` (`2sbh/t` with SP).
+///
+/// Expert activations assume balanced routing: each GPU processes on average `k` copies of its
+/// own tokens.
+pub fn activation_bytes_per_layer(job: &Job) -> f64 {
+    layer_activation_bytes(job, job.parallel.recompute)
+}
+
+/// [`activation_bytes_per_layer`] for an explicit recompute mode.
+fn layer_activation_bytes(job: &Job, recompute: Recompute) -> f64 {
+    let m = &job.model;
+    let p = &job.parallel;
+    let s = (m.seq_len / p.cp) as f64;
+    let b = p.micro_batch as f64;
+    let h = m.hidden as f64;
+    let a = m.heads as f64;
+    let t = p.tp as f64;
+    let sp = p.sequence_parallel;
+    let sb = s * b;
+
+    if recompute == Recompute::Full {
+        let input = 2.0 * sb * h;
+        return if sp { input / t } else { input };
+    }
+
+    let hq = m.heads as f64 * m.head_dim as f64;
+    let hkv = m.kv_heads as f64 * m.head_dim as f64;
+    let (k, f, router) = match &m.moe {
+        None => (1.0, m.ffn_hidden as f64, 0.0),
+        Some(moe) => (
+            moe.top_k as f64,
+            moe.ffn_hidden as f64,
+            4.0 * sb * moe.experts as f64,
+        ),
+    };
+    let act_per_f = match m.activation {
+        crate::job::Activation::Gelu => 4.0,
+        crate::job::Activation::SwiGlu => 6.0,
+    };
+
+    // Tensors replicated over the TP group unless sequence parallelism shards them.
+    let replicated = 2.0 * sb * h // LayerNorm 1 input
+        + 2.0 * sb * h // QKV projection input
+        + sb * h // attention dropout mask
+        + 2.0 * sb * h // LayerNorm 2 input
+        + 2.0 * sb * h * k // MLP / expert input
+        + sb * h // MLP dropout mask
+        + router; // router probabilities
+    // Tensors split over the TP group.
+    let split = 2.0 * sb * (hq + hkv) // Q and K
+        + 2.0 * sb * hkv // V
+        + 2.0 * sb * hq // output projection input
+        + act_per_f * sb * f * k; // activation function input and output
+    // Attention core: softmax output (2), its dropout mask (1), dropout output (2).
+    let core = if recompute == Recompute::None {
+        5.0 * a * s * s * b
+    } else {
+        0.0
+    };
+
+    if sp {
+        (replicated + split + core) / t
+    } else {
+        replicated + split / t + core / t
+    }
+}
+
+/// Micro-batches whose activations stage `stage` (0-based) holds at its peak, in units of the
+/// stage's full layer set (per the job's schedule), with `p` stages and `m` micro-batches:
+///
+/// * GPipe: `m` (all forwards run before any backward);
+/// * 1F1B: `min(p - stage, m)` (warm-up forwards plus the first steady-state forward);
+/// * interleaved with `v` model chunks: Megatron's warm-up count plus one,
+///   `min(2 (p - stage - 1) + (v - 1) p + 1, m v)` chunk forwards, each chunk holding `1/v` of
+///   the stage's layers, so the result is that count divided by `v`. On the first stage this is
+///   `p (1 + (p - 1) / (p v))`, Korthikanti's (and Narayanan's) figure.
+pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
+    let p = job.parallel.pp as u64;
+    let i = stage as u64;
+    let m = job.micro_batches();
+    match job.parallel.schedule {
+        Schedule::GPipe => m as f64,
+        Schedule::OneFOneB => (p - i).min(m) as f64,
+        Schedule::Interleaved => {
+            let v = job.parallel.vpp as u64;
+            let chunks = (2 * (p - i - 1) + (v - 1) * p + 1).min(m * v);
+            chunks as f64 / v as f64
+        }
+    }
+}
+
+/// Peak number of micro-batches of one model chunk in flight on pipeline rank `rank` under
+/// Megatron's interleaved 1F1B order: forward `k` runs chunk `(k mod pv) / p`, backward `k`
+/// chunk `v - 1 - (k mod pv) / p`; `2 (p - rank - 1) + (v - 1) p` warm-up forwards, then
+/// forward/backward pairs, then the remaining backwards.
+fn interleaved_chunk_peak(p: u64, v: u64, m: u64, rank: u64, chunk: Option<u64>) -> u64 {
+    let total = m * v;
+    let warmup = (2 * (p - rank - 1) + (v - 1) * p).min(total);
+    let fwd_chunk = |k: u64| (k % (p * v)) / p;
+    let bwd_chunk = |k: u64| v - 1 - (k % (p * v)) / p;
+    let counts = |c: u64| chunk.is_none_or(|x| x == c);
+    let (mut live, mut peak) = (0u64, 0u64);
+    for k in 0..total {
+        // Forward `k` (warm-up or steady state), then, in steady state, backward `k - warmup`.
+        if counts(fwd_chunk(k)) {
+            live += 1;
+            peak = peak.max(live);
+        }
+        if k >= warmup && counts(bwd_chunk(k - warmup)) {
+            live -= 1;
+        }
+    }
+    peak
+}
+
+/// Micro-batches for which the first (`first = true`) or last model chunk of `stage` holds its
+/// per-micro-batch extras (embedding dropout mask; LM head and loss tensors) at the peak.
+fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
+    match job.parallel.schedule {
+        Schedule::GPipe | Schedule::OneFOneB => in_flight_microbatches(job, stage),
+        Schedule::Interleaved => {
+            let p = job.parallel.pp as u64;
+            let v = job.parallel.vpp as u64;
+            let chunk = if first { 0 } else { v - 1 };
+            interleaved_chunk_peak(p, v, job.micro_batches(), stage as u64, Some(chunk)) as f64
+        }
+    }
+}
+
+/// Memory of one GPU of pipeline stage `stage` at its peak.
+///
+/// Activations = `stage layers x activation_bytes_per_layer x in_flight_microbatches`, plus:
+/// * with full recompute, the layer being recomputed during backward: one layer's
+///   selective-level activations (less the input it already counts). The attention-core
+///   tensors rebuilt inside a recomputed layer are treated as transient, as Korthikanti treats
+///   them for selective recompute;
+/// * on the first stage, per in-flight micro-batch, the input-embedding dropout mask `sbh`
+///   (1 byte; `/t` with SP). The embedding output itself is the first layer's input, already
+///   counted as that layer's LayerNorm input;
+/// * on the last stage, per in-flight micro-batch, the final LayerNorm input `2sbh` and the LM
+///   head input `2sbh` (`/t` with SP), and the FP32 logits kept by the vocab-parallel cross
+///   entropy for its backward, `4sbV/t` (the output-layer terms of Korthikanti et al.).
+pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
+    let p = &job.parallel;
+    let params = stage_params(job, stage);
+    let weights = WEIGHT_BYTES_PER_PARAM * params.total();
+    let gradients = GRAD_BYTES_PER_PARAM * params.total();
+    let optimizer = if p.distributed_optimizer {
+        let dp_cp = p.dp as u64 * p.cp as u64;
+        let edp_cp = (p.dp / p.ep) as u64 * p.cp as u64;
+        (OPTIMIZER_BYTES_PER_PARAM * params.dense).div_ceil(dp_cp)
+            + (OPTIMIZER_BYTES_PER_PARAM * params.expert).div_ceil(edp_cp)
+    } else {
+        OPTIMIZER_BYTES_PER_PARAM * params.total()
+    };
+
+    let m = &job.model;
+    let s = (m.seq_len / p.cp) as f64;
+    let sb = s * p.micro_batch as f64;
+    let h = m.hidden as f64;
+    let t = p.tp as f64;
+    let sp_div = if p.sequence_parallel { t } else { 1.0 };
+    let layers = job.stage_layers()[stage as usize] as f64;
+
+    let mut act = layers * activation_bytes_per_layer(job) * in_flight_microbatches(job, stage);
+    if p.recompute == Recompute::Full && layers > 0.0 {
+        act += layer_activation_bytes(job, Recompute::Selective) - activation_bytes_per_layer(job);
+    }
+    if stage == 0 {
+        act += sb * h / sp_div * extras_in_flight(job, stage, true);
+    }
+    if stage + 1 == p.pp {
+        let per_mb = 4.0 * sb * h / sp_div + 4.0 * sb * m.vocab as f64 / t;
+        act += per_mb * extras_in_flight(job, stage, false);
+    }
+
+    MemoryBreakdown {
+        weights,
+        gradients,
+        optimizer,
+        activations: act.ceil() as u64,
+        workspace: WORKSPACE_BYTES,
+    }
+}
+
+/// The stage with the largest total memory per GPU (the first one on ties) and its breakdown.
+pub fn peak_memory(job: &Job) -> (u32, MemoryBreakdown) {
+    (0..job.parallel.pp)
+        .map(|s| (s, stage_memory(job, s)))
+        .fold(
+            None,
+            |best: Option<(u32, MemoryBreakdown)>, (s, mb)| match best {
+                Some((bs, bm)) if bm.total() >= mb.total() => Some((bs, bm)),
+                _ => Some((s, mb)),
+            },
+        )
+        .expect("a validated job has at least one stage")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::fixtures::{h100_cluster, small_job};
+    use crate::job::{Activation, Model, Precision};
+
+    const GIB: f64 = (1u64 << 30) as f64;
+
+    /// GPT-3 175B (Brown et al. 2020) as in Korthikanti et al. Table 3: 96 layers, h 12288,
+    /// 96 heads, s 2048, t 8, b 1; here on 512 GPUs (tp 8, pp 8, dp 8), 8 micro-batches.
+    fn gpt3_job(sp: bool, recompute: Recompute) -> Job {
+        let mut job = small_job(64, 8, 8, 64);
+        job.model = Model {
+            name: "gpt3-175b".into(),
+            layers: 96,
+            hidden: 12288,
+            ffn_hidden: 4 * 12288,
+            heads: 96,
+            kv_heads: 96,
+            head_dim: 128,
+            vocab: 51200,
+            seq_len: 2048,
+            activation: Activation::Gelu,
+            moe: None,
+            tied_embeddings: true,
+        };
+        job.parallel.sequence_parallel = sp;
+        job.parallel.recompute = recompute;
+        job.validate().unwrap();
+        job
+    }
+
+    /// Llama 3 405B (Dubey et al. 2024, Table 3) on 16384 H100s: tp 8, pp 16 (first and last
+    /// stage 7 layers, others 8), dp 128, micro-batch 1, seq 8192, SP, no recompute,
+    /// distributed optimizer, global batch 2048 sequences (16M tokens).
+    fn llama405b_job() -> Job {
+        let mut job = small_job(2048, 8, 16, 2048);
+        job.cluster = h100_cluster(2048);
+        job.model = Model {
+            name: "llama3-405b".into(),
+            layers: 126,
+            hidden: 16384,
+            ffn_hidden: 53248,
+            heads: 128,
+            kv_heads: 8,
+            head_dim: 128,
+            vocab: 128256,
+            seq_len: 8192,
+            activation: Activation::SwiGlu,
+            moe: None,
+            tied_embeddings: false,
+        };
+        job.parallel.first_stage_layers = Some(7);
+        job.parallel.last_stage_layers = Some(7);
+        job.parallel.sequence_parallel = true;
+        job.parallel.recompute = Recompute::None;
+        job.parallel.distributed_optimizer = true;
+        job.training.precision = Precision::Bf16;
+        job.validate().unwrap();
+        assert_eq!(job.parallel.dp, 128);
+        job
+    }
+
+    #[test]
+    fn korthikanti_closed_forms_gpt3() {
+        let (s, b, h, a, t) = (2048.0, 1.0, 12288.0, 96.0, 8.0);
+        let sbh = s * b * h;
+        let cases = [
+            (
+                false,
+                Recompute::None,
+                sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t)),
+            ),
+            (true, Recompute::None, sbh / t * (34.0 + 5.0 * a * s / h)),
+            (false, Recompute::Selective, sbh * (10.0 + 24.0 / t)),
+            (true, Recompute::Selective, 34.0 * sbh / t),
+            (false, Recompute::Full, 2.0 * sbh),
+            (true, Recompute::Full, 2.0 * sbh / t),
+        ];
+        for (sp, rc, expect) in cases {
+            let got = activation_bytes_per_layer(&gpt3_job(sp, rc));
+            assert_eq!(got, expect, "sp {sp}, {rc:?}");
+        }
+        // Korthikanti Table 2 in GB-ish units for the record: SP + selective = 34 sbh / t.
+        assert_eq!(
+            activation_bytes_per_layer(&gpt3_job(true, Recompute::Selective)),
+            106_954_752.0
+        );
+    }
+
+    #[test]
+    fn gqa_and_swiglu_generalization() {
+        // Llama-405B layer with SP, selective: 10 + 2(1 + 1/16) + 2/16 + 2 + 6 * 3.25 = 33.75.
+        let mut job = llama405b_job();
+        job.parallel.recompute = Recompute::Selective;
+        let sbh = 8192.0 * 16384.0;
+        assert_eq!(activation_bytes_per_layer(&job), 33.75 * sbh / 8.0);
+        // The attention core adds 5 a s / h = 320 (in units of sbh/t).
+        job.parallel.recompute = Recompute::None;
+        assert_eq!(
+            activation_bytes_per_layer(&job),
+            (33.75 + 320.0) * sbh / 8.0
+        );
+    }
+
+    #[test]
+    fn one_f_one_b_in_flight() {
+        let job = gpt3_job(true, Recompute::Selective);
+        let p = job.parallel.pp;
+        assert_eq!(job.micro_batches(), 8);
+        assert_eq!(in_flight_microbatches(&job, 0), p as f64);
+        assert_eq!(in_flight_microbatches(&job, p - 1), 1.0);
+        for i in 0..p {
+            assert_eq!(in_flight_microbatches(&job, i), (p - i) as f64);
+        }
+        // Fewer micro-batches than stages caps the count.
+        let mut few = job.clone();
+        few.training.global_batch = 3;
+        few.parallel.dp = 1;
+        assert_eq!(in_flight_microbatches(&few, 0), 3.0);
+        let mut gpipe = job.clone();
+        gpipe.parallel.schedule = Schedule::GPipe;
+        assert_eq!(in_flight_microbatches(&gpipe, p - 1), 8.0);
+    }
+
+    #[test]
+    fn interleaved_in_flight_matches_korthikanti_and_simulation() {
+        for (p, v, m) in [
+            (4u64, 2u64, 8u64),
+            (8, 3, 16),
+            (4, 4, 4),
+            (16, 2, 32),
+            (2, 2, 2),
+        ] {
+            let mut job = gpt3_job(true, Recompute::Selective);
+            job.parallel.pp = p as u32;
+            job.parallel.vpp = v as u32;
+            job.parallel.schedule = Schedule::Interleaved;
+            job.parallel.dp = (64 / p) as u32;
+            job.training.global_batch = (m * 64 / p) as u32;
+            job.validate().unwrap();
+            assert_eq!(job.micro_batches(), m);
+            let pf = p as f64;
+            let first = in_flight_microbatches(&job, 0);
+            if m * v > 2 * (p - 1) + (v - 1) * p {
+                assert!((first - pf * (1.0 + (pf - 1.0) / (pf * v as f64))).abs() < 1e-12);
+            }
+            for r in 0..p {
+                let sim = interleaved_chunk_peak(p, v, m, r, None) as f64 / v as f64;
+                assert_eq!(
+                    in_flight_microbatches(&job, r as u32),
+                    sim,
+                    "p {p} v {v} m {m} r {r}"
+                );
+            }
+            // The last chunk of the last rank holds at most 2 micro-batches at a time.
+            assert!(interleaved_chunk_peak(p, v, m, p - 1, Some(v - 1)) <= 2);
+        }
+    }
+
+    #[test]
+    fn distributed_optimizer_divides_by_dp() {
+        let job = gpt3_job(true, Recompute::Selective);
+        let mut plain = job.clone();
+        plain.parallel.distributed_optimizer = false;
+        for s in 0..job.parallel.pp {
+            let on = stage_memory(&job, s);
+            let off = stage_memory(&plain, s);
+            assert_eq!(off.optimizer, 12 * stage_params(&job, s).total());
+            assert_eq!(on.optimizer, off.optimizer.div_ceil(job.parallel.dp as u64));
+            assert_eq!(off.optimizer % job.parallel.dp as u64, 0);
+            assert_eq!(on.optimizer * job.parallel.dp as u64, off.optimizer);
+            assert_eq!((on.weights, on.gradients), (off.weights, off.gradients));
+        }
+    }
+
+    #[test]
+    fn params_sum_to_model() {
+        // With tp = 1 and no ties, the stages hold exactly the model's parameters.
+        let mut job = small_job(1, 1, 4, 8);
+        job.parallel.tp = 1;
+        job.parallel.sequence_parallel = false;
+        job.validate().unwrap();
+        let total: u64 = (0..4).map(|s| stage_params(&job, s).total()).sum();
+        assert_eq!(total, job.model.params());
+        // Tied: the last stage holds a second copy of the embedding.
+        job.model.tied_embeddings = true;
+        let total: u64 = (0..4).map(|s| stage_params(&job, s).total()).sum();
+        assert_eq!(
+            total,
+            job.model.params() + job.model.vocab as u64 * job.model.hidden as u64
+        );
+        // One stage, tied: held once.
+        let mut one = small_job(1, 1, 1, 8);
+        one.model.tied_embeddings = true;
+        assert_eq!(stage_params(&one, 0).total(), one.model.params());
+    }
+
+    #[test]
+    fn moe_params_and_optimizer_sharding() {
+        let mut job = small_job(2, 1, 1, 16); // 16 GPUs, dp 16
+        job.model.moe = Some(crate::job::Moe {
+            experts: 8,
+            top_k: 2,
+            ffn_hidden: 1024,
+        });
+        job.parallel.ep = 4;
+        job.parallel.tp = 1;
+        job.parallel.sequence_parallel = false;
+        job.validate().unwrap();
+        let sp = stage_params(&job, 0);
+        let m = &job.model;
+        // 8 layers x 2 local experts (8 experts / ep 4).
+        assert_eq!(sp.expert, 8 * 2 * m.expert_params());
+        assert_eq!(sp.total() + 8 * 6 * m.expert_params(), m.params());
+        let mem = stage_memory(&job, 0);
+        assert_eq!(
+            mem.optimizer,
+            (12 * sp.dense).div_ceil(16) + (12 * sp.expert).div_ceil(4)
+        );
+    }
+
+    #[test]
+    fn recompute_orders_memory() {
+        for sp in [false, true] {
+            let none = stage_memory(&gpt3_job(sp, Recompute::None), 0).activations;
+            let sel = stage_memory(&gpt3_job(sp, Recompute::Selective), 0).activations;
+            let full = stage_memory(&gpt3_job(sp, Recompute::Full), 0).activations;
+            assert!(none > sel && sel > full, "{none} {sel} {full}");
+        }
+    }
+
+    #[test]
+    fn llama405b_peak() {
+        let job = llama405b_job();
+        assert_eq!(job.stage_layers()[0], 7);
+        assert_eq!(job.stage_layers()[1], 8);
+        let (stage, mb) = peak_memory(&job);
+        let gib = |b: u64| b as f64 / GIB;
+        println!(
+            "llama3-405b, no recompute: peak stage {stage}: total {:.1} GiB = weights {:.2} + grads {:.2} + optimizer {:.2} + activations {:.1} + workspace {:.2}",
+            gib(mb.total()),
+            gib(mb.weights),
+            gib(mb.gradients),
+            gib(mb.optimizer),
+            gib(mb.activations),
+            gib(mb.workspace)
+        );
+        for rc in [Recompute::Selective, Recompute::Full] {
+            let mut j = job.clone();
+            j.parallel.recompute = rc;
+            let (s, m) = peak_memory(&j);
+            println!(
+                "llama3-405b, {rc:?}: peak stage {s}: total {:.1} GiB (activations {:.1})",
+                gib(m.total()),
+                gib(m.activations)
+            );
+        }
+        for s in [0, 1, 15] {
+            let m = stage_memory(&job, s);
+            println!("  stage {s}: {:.1} GiB", gib(m.total()));
+        }
+        assert!(mb.total() as f64 > 80.0 * GIB);
+        // Model state on a middle stage: 8 layers x 3.188e9 params / 8 = 3.19e9 params.
+        let mid = stage_params(&job, 1);
+        let layer = job.model.layer_params();
+        assert_eq!(mid.total(), 8 * ((layer - 2 * 16384) / 8 + 2 * 16384));
+    }
+}

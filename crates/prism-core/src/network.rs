@@ -1,1 +1,481 @@
-//! network
+//! Flow-level network: links with capacities, flows that cross them, and max-min fair sharing.
+//!
+//! The scale-out fabric is a rail-optimized fat tree: GPU `g`'s NIC has a transmit and a receive
+//! link; the NICs of local index `r` (a rail) on a group of `rail_group_nodes` nodes hang off one
+//! leaf switch, whose uplink and downlink to the spine have `rail_group_nodes x NIC / oversubscription`
+//! capacity. NVLink inside a node is non-blocking and priced by the cost model, not here.
+//!
+//! A *flow* is a unit of traffic with one rate that crosses a set of links, each `count` times:
+//! a point-to-point send crosses `nic_tx(src)`, maybe `up(leaf src)`/`down(leaf dst)`, and
+//! `nic_rx(dst)` once each; a ring collective is one flow (its steps move in lock step) crossing
+//! every edge of the ring. Rates are the max-min fair allocation (progressive filling): every
+//! unfrozen flow's rate rises together until a link saturates, whose flows then freeze.
+//!
+//! Everything is integer: capacities in bytes/s, progress in byte-picoseconds-per-second, so
+//! results are exact and independent of the order flows were added in. Rates are recomputed
+//! only for the connected component (flows linked through shared links) that changed.
+
+use crate::job::Cluster;
+use crate::units::SimTime;
+
+/// A link id.
+pub type LinkId = u32;
+/// A flow id (slot in the flow table; reused after the flow ends).
+pub type FlowId = u32;
+
+/// The scale-out links of a cluster and how GPUs route over them.
+#[derive(Clone, Debug)]
+pub struct Fabric {
+    gpus_per_node: u32,
+    rail_group_nodes: u32,
+    nodes: u32,
+    /// Capacity of every link, bytes per second.
+    pub capacity: Vec<u64>,
+}
+
+impl Fabric {
+    /// Builds the fabric for `cluster` with a NIC rate of `nic_bytes_per_s`.
+    pub fn new(cluster: &Cluster, nic_bytes_per_s: u64) -> Self {
+        let gpus = cluster.num_gpus() as u32;
+        let gpn = cluster.gpus_per_node;
+        let rg = cluster.topology.rail_group_nodes.max(1);
+        let groups = cluster.nodes.div_ceil(rg);
+        let mut capacity = vec![nic_bytes_per_s; 2 * gpus as usize];
+        for g in 0..groups {
+            let nodes_in_group = rg.min(cluster.nodes - g * rg) as f64;
+            let up = (nodes_in_group * nic_bytes_per_s as f64 / cluster.topology.oversubscription)
+                .round()
+                .max(1.0) as u64;
+            for _rail in 0..gpn {
+                capacity.push(up);
+                capacity.push(up);
+            }
+        }
+        Fabric { gpus_per_node: gpn, rail_group_nodes: rg, nodes: cluster.nodes, capacity }
+    }
+
+    /// Number of links.
+    pub fn num_links(&self) -> usize {
+        self.capacity.len()
+    }
+
+    /// Transmit link of GPU `g`'s NIC.
+    pub fn nic_tx(&self, g: u32) -> LinkId {
+        2 * g
+    }
+
+    /// Receive link of GPU `g`'s NIC.
+    pub fn nic_rx(&self, g: u32) -> LinkId {
+        2 * g + 1
+    }
+
+    fn leaf(&self, g: u32) -> u32 {
+        let node = g / self.gpus_per_node;
+        let rail = g % self.gpus_per_node;
+        (node / self.rail_group_nodes) * self.gpus_per_node + rail
+    }
+
+    fn leaf_up(&self, leaf: u32) -> LinkId {
+        2 * self.nodes * self.gpus_per_node + 2 * leaf
+    }
+
+    /// True when `a` and `b` are on one node (the transfer uses NVLink, not the fabric).
+    pub fn same_node(&self, a: u32, b: u32) -> bool {
+        a / self.gpus_per_node == b / self.gpus_per_node
+    }
+
+    /// Appends the links a transfer from GPU `src` to GPU `dst` on different nodes crosses.
+    pub fn route(&self, src: u32, dst: u32, out: &mut Vec<(LinkId, u32)>) {
+        debug_assert!(!self.same_node(src, dst));
+        out.push((self.nic_tx(src), 1));
+        let (ls, ld) = (self.leaf(src), self.leaf(dst));
+        if ls != ld {
+            out.push((self.leaf_up(ls), 1));
+            out.push((self.leaf_up(ld) + 1, 1));
+        }
+        out.push((self.nic_rx(dst), 1));
+    }
+
+    /// Appends the links of a ring collective over `members` (ring order) that spans nodes:
+    /// one channel per member slot on a node, each crossing every node boundary once.
+    pub fn ring_links(&self, members: &[u32], out: &mut Vec<(LinkId, u32)>) {
+        // Members grouped by node, in ring order of first appearance.
+        let mut nodes: Vec<(u32, Vec<u32>)> = Vec::new();
+        for &m in members {
+            let node = m / self.gpus_per_node;
+            match nodes.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, v)) => v.push(m),
+                None => nodes.push((node, vec![m])),
+            }
+        }
+        if nodes.len() < 2 {
+            return;
+        }
+        let channels = nodes.iter().map(|(_, v)| v.len()).max().unwrap_or(1);
+        for c in 0..channels {
+            for j in 0..nodes.len() {
+                let a = &nodes[j].1;
+                let b = &nodes[(j + 1) % nodes.len()].1;
+                self.route(a[c % a.len()], b[c % b.len()], out);
+            }
+        }
+        normalize(out);
+    }
+
+    /// Appends the links of an all-to-all over `members` spanning nodes: every member's NIC in
+    /// both directions, plus each leaf's uplink/downlink for the share of peers behind other leaves.
+    pub fn all_to_all_links(&self, members: &[u32], out: &mut Vec<(LinkId, u32)>) {
+        let n = members.len() as u32;
+        let mut leaves: Vec<(u32, u32)> = Vec::new();
+        for &m in members {
+            out.push((self.nic_tx(m), 1));
+            out.push((self.nic_rx(m), 1));
+            let l = self.leaf(m);
+            match leaves.iter_mut().find(|(x, _)| *x == l) {
+                Some((_, c)) => *c += 1,
+                None => leaves.push((l, 1)),
+            }
+        }
+        if leaves.len() > 1 {
+            for &(l, c) in &leaves {
+                // c members each send (n - c)/n of their bytes outside the leaf; counted in whole flows.
+                let crossing = (c as u64 * (n - c) as u64).div_ceil(n as u64) as u32;
+                if crossing > 0 {
+                    out.push((self.leaf_up(l), crossing));
+                    out.push((self.leaf_up(l) + 1, crossing));
+                }
+            }
+        }
+        normalize(out);
+    }
+}
+
+/// Sorts link usages and merges duplicates by adding their counts.
+pub fn normalize(links: &mut Vec<(LinkId, u32)>) {
+    links.sort_unstable();
+    let mut w = 0;
+    for i in 0..links.len() {
+        if w > 0 && links[w - 1].0 == links[i].0 {
+            links[w - 1].1 += links[i].1;
+        } else {
+            links[w] = links[i];
+            w += 1;
+        }
+    }
+    links.truncate(w);
+}
+
+#[derive(Clone, Debug, Default)]
+struct Flow {
+    links: Vec<(LinkId, u32)>,
+    /// Bytes left x 10^12 (so that rate [B/s] x dt [ps] subtracts exactly).
+    remaining: u128,
+    rate: u64,
+    updated: SimTime,
+    generation: u32,
+    active: bool,
+    token: u64,
+}
+
+/// A completion the engine must schedule: flow `flow` (of `generation`) ends at `time`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowEnd {
+    /// Flow.
+    pub flow: FlowId,
+    /// Generation; a later rate change makes earlier completions stale.
+    pub generation: u32,
+    /// Completion time.
+    pub time: SimTime,
+}
+
+/// Active flows on a [`Fabric`], with max-min fair rates.
+#[derive(Clone, Debug)]
+pub struct Network {
+    capacity: Vec<u64>,
+    link_flows: Vec<Vec<FlowId>>,
+    flows: Vec<Flow>,
+    free: Vec<FlowId>,
+    dirty: Vec<LinkId>,
+    link_mark: Vec<u32>,
+    flow_mark: Vec<u32>,
+    epoch: u32,
+    // Scratch, reused across recomputations.
+    comp_links: Vec<LinkId>,
+    comp_flows: Vec<FlowId>,
+    rem: Vec<u64>,
+    weight: Vec<u64>,
+    frozen: Vec<bool>,
+    new_rate: Vec<u64>,
+    /// Number of rate recomputations (for diagnostics).
+    pub recomputations: u64,
+}
+
+impl Network {
+    /// An idle network over `capacity` (bytes/s per link).
+    pub fn new(capacity: Vec<u64>) -> Self {
+        assert!(capacity.iter().all(|&c| c > 0), "links need positive capacity");
+        let n = capacity.len();
+        Network {
+            capacity,
+            link_flows: vec![Vec::new(); n],
+            flows: Vec::new(),
+            free: Vec::new(),
+            dirty: Vec::new(),
+            link_mark: vec![0; n],
+            flow_mark: Vec::new(),
+            epoch: 0,
+            comp_links: Vec::new(),
+            comp_flows: Vec::new(),
+            rem: vec![0; n],
+            weight: vec![0; n],
+            frozen: Vec::new(),
+            new_rate: Vec::new(),
+            recomputations: 0,
+        }
+    }
+
+    /// Starts a flow of `bytes` over `links` at `now`; `token` comes back when it ends.
+    /// Its rate is set by the next [`Network::settle`].
+    pub fn add(&mut self, now: SimTime, links: &[(LinkId, u32)], bytes: u64, token: u64) -> FlowId {
+        assert!(!links.is_empty() && bytes > 0, "a flow needs links and bytes");
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.flows.push(Flow::default());
+                self.flow_mark.push(0);
+                self.frozen.push(false);
+                self.new_rate.push(0);
+                (self.flows.len() - 1) as FlowId
+            }
+        };
+        let f = &mut self.flows[id as usize];
+        f.links.clear();
+        f.links.extend_from_slice(links);
+        f.remaining = bytes as u128 * 1_000_000_000_000;
+        f.rate = 0;
+        f.updated = now;
+        f.generation = f.generation.wrapping_add(1);
+        f.active = true;
+        f.token = token;
+        for &(l, _) in links {
+            self.link_flows[l as usize].push(id);
+            self.dirty.push(l);
+        }
+        id
+    }
+
+    /// True when the completion `end` is still the flow's current one.
+    pub fn is_current(&self, end: &FlowEnd) -> bool {
+        let f = &self.flows[end.flow as usize];
+        f.active && f.generation == end.generation
+    }
+
+    /// Ends `flow` (its completion fired); returns its token.
+    pub fn finish(&mut self, flow: FlowId) -> u64 {
+        let f = &mut self.flows[flow as usize];
+        assert!(f.active, "finishing an inactive flow");
+        f.active = false;
+        f.generation = f.generation.wrapping_add(1);
+        let token = f.token;
+        let links = std::mem::take(&mut f.links);
+        for &(l, _) in &links {
+            let v = &mut self.link_flows[l as usize];
+            let pos = v.iter().position(|&x| x == flow).expect("flow registered on its link");
+            v.swap_remove(pos);
+            self.dirty.push(l);
+        }
+        self.flows[flow as usize].links = links;
+        self.free.push(flow);
+        token
+    }
+
+    /// True when some rates must be recomputed before time advances.
+    pub fn needs_settle(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Current rate of an active flow, bytes/s.
+    pub fn rate(&self, flow: FlowId) -> u64 {
+        self.flows[flow as usize].rate
+    }
+
+    /// Recomputes max-min fair rates of every component touched since the last call, at `now`,
+    /// and appends the new completion times of flows whose rate changed to `out`.
+    pub fn settle(&mut self, now: SimTime, out: &mut Vec<FlowEnd>) {
+        while let Some(start) = self.dirty.pop() {
+            self.epoch = self.epoch.wrapping_add(1);
+            if self.epoch == 0 {
+                self.link_mark.iter_mut().for_each(|m| *m = 0);
+                self.flow_mark.iter_mut().for_each(|m| *m = 0);
+                self.epoch = 1;
+            }
+            if self.link_mark[start as usize] == self.epoch {
+                continue;
+            }
+            self.collect_component(start);
+            // Other dirty links of this component are handled now.
+            let epoch = self.epoch;
+            let marks = &self.link_mark;
+            self.dirty.retain(|&l| marks[l as usize] != epoch);
+            if !self.comp_flows.is_empty() {
+                self.fill(now, out);
+            }
+        }
+    }
+
+    fn collect_component(&mut self, start: LinkId) {
+        let epoch = self.epoch;
+        self.comp_links.clear();
+        self.comp_flows.clear();
+        self.link_mark[start as usize] = epoch;
+        self.comp_links.push(start);
+        let mut i = 0;
+        while i < self.comp_links.len() {
+            let l = self.comp_links[i] as usize;
+            i += 1;
+            for &f in &self.link_flows[l] {
+                if self.flow_mark[f as usize] == epoch {
+                    continue;
+                }
+                self.flow_mark[f as usize] = epoch;
+                self.comp_flows.push(f);
+                for &(l2, _) in &self.flows[f as usize].links {
+                    if self.link_mark[l2 as usize] != epoch {
+                        self.link_mark[l2 as usize] = epoch;
+                        self.comp_links.push(l2);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Progressive filling over the current component.
+    fn fill(&mut self, now: SimTime, out: &mut Vec<FlowEnd>) {
+        self.recomputations += 1;
+        for &l in &self.comp_links {
+            self.rem[l as usize] = self.capacity[l as usize];
+            self.weight[l as usize] = 0;
+        }
+        for &f in &self.comp_flows {
+            self.frozen[f as usize] = false;
+            for &(l, c) in &self.flows[f as usize].links {
+                self.weight[l as usize] += c as u64;
+            }
+        }
+        let mut unfrozen = self.comp_flows.len();
+        // Links still carrying unfrozen flows; shrinks as links saturate.
+        let mut live: Vec<LinkId> = self.comp_links.clone();
+        let mut tied: Vec<LinkId> = Vec::new();
+        while unfrozen > 0 {
+            live.retain(|&l| self.weight[l as usize] > 0);
+            // The smallest fair share rem/w, compared exactly as rationals.
+            let mut best = live[0];
+            for &l in &live[1..] {
+                let lhs = self.rem[l as usize] as u128 * self.weight[best as usize] as u128;
+                let rhs = self.rem[best as usize] as u128 * self.weight[l as usize] as u128;
+                if lhs < rhs {
+                    best = l;
+                }
+            }
+            let (br, bw) = (self.rem[best as usize] as u128, self.weight[best as usize] as u128);
+            // Every link at exactly that share saturates in this round (order independent).
+            tied.clear();
+            tied.extend(live.iter().copied().filter(|&l| {
+                self.rem[l as usize] as u128 * bw == br * self.weight[l as usize] as u128
+            }));
+            let rate = ((br / bw) as u64).max(1);
+            for &link in &tied {
+                let on_link = std::mem::take(&mut self.link_flows[link as usize]);
+                for &f in &on_link {
+                    if self.frozen[f as usize] || self.flow_mark[f as usize] != self.epoch {
+                        continue;
+                    }
+                    self.frozen[f as usize] = true;
+                    self.new_rate[f as usize] = rate;
+                    unfrozen -= 1;
+                    for &(l, c) in &self.flows[f as usize].links {
+                        let l = l as usize;
+                        self.rem[l] = self.rem[l].saturating_sub(rate * c as u64);
+                        self.weight[l] -= c as u64;
+                    }
+                }
+                self.link_flows[link as usize] = on_link;
+            }
+        }
+        for &f in &self.comp_flows {
+            let flow = &mut self.flows[f as usize];
+            let rate = self.new_rate[f as usize];
+            if flow.rate == rate {
+                continue;
+            }
+            let dt = now - flow.updated;
+            flow.remaining = flow.remaining.saturating_sub(flow.rate as u128 * dt as u128);
+            flow.updated = now;
+            flow.rate = rate;
+            flow.generation = flow.generation.wrapping_add(1);
+            let left = flow.remaining.div_ceil(rate as u128);
+            assert!(left < u64::MAX as u128, "flow completion overflows SimTime");
+            out.push(FlowEnd { flow: f, generation: flow.generation, time: now + left as u64 });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settle(net: &mut Network, now: SimTime) -> Vec<FlowEnd> {
+        let mut out = Vec::new();
+        net.settle(now, &mut out);
+        out
+    }
+
+    #[test]
+    fn single_flow_gets_the_link() {
+        let mut net = Network::new(vec![1_000_000_000, 500_000_000]);
+        let f = net.add(0, &[(0, 1), (1, 1)], 1_000_000, 7);
+        let ends = settle(&mut net, 0);
+        assert_eq!(net.rate(f), 500_000_000);
+        // 1 MB at 0.5 GB/s = 2 ms.
+        assert_eq!(ends, vec![FlowEnd { flow: f, generation: ends[0].generation, time: 2_000_000_000 }]);
+        assert_eq!(net.finish(f), 7);
+    }
+
+    #[test]
+    fn max_min_fair_classic_example() {
+        // Links A (cap 10) and B (cap 4). f1 on A, f2 on A and B, f3 on B.
+        // Max-min: B is the bottleneck: f2 = f3 = 2; then f1 = 10 - 2 = 8.
+        let mut net = Network::new(vec![10, 4]);
+        let f1 = net.add(0, &[(0, 1)], 100, 1);
+        let f2 = net.add(0, &[(0, 1), (1, 1)], 100, 2);
+        let f3 = net.add(0, &[(1, 1)], 100, 3);
+        settle(&mut net, 0);
+        assert_eq!((net.rate(f1), net.rate(f2), net.rate(f3)), (8, 2, 2));
+        // When f3 ends, B (4 for f2 alone) is still tighter than A's half (5): f2 = 4, f1 = 6.
+        net.finish(f3);
+        settle(&mut net, 10);
+        assert_eq!((net.rate(f1), net.rate(f2)), (6, 4));
+    }
+
+    #[test]
+    fn counts_weight_a_link() {
+        // A ring crossing a link twice gets half the rate there.
+        let mut net = Network::new(vec![100]);
+        let f = net.add(0, &[(0, 2)], 100, 0);
+        settle(&mut net, 0);
+        assert_eq!(net.rate(f), 50);
+    }
+
+    #[test]
+    fn progress_is_kept_across_rate_changes() {
+        let mut net = Network::new(vec![1_000]);
+        let a = net.add(0, &[(0, 1)], 1_000, 0); // alone: 1 s
+        settle(&mut net, 0);
+        // After 0.5 s a second flow arrives: a has 500 B left at 500 B/s -> ends at 1.5 s.
+        let b = net.add(500_000_000_000, &[(0, 1)], 1_000, 1);
+        let ends = settle(&mut net, 500_000_000_000);
+        let ea = ends.iter().find(|e| e.flow == a).unwrap();
+        assert_eq!(ea.time, 1_500_000_000_000);
+        assert!(ends.iter().any(|e| e.flow == b));
+    }
+}

@@ -1,1 +1,1541 @@
-//! jobfile (placeholder)
+//! Job files (TOML) -> validated [`Job`].
+//!
+//! The format is documented key by key in `docs/job-format.md`. Loading runs in stages:
+//!
+//! 1. parse the TOML into a spanned tree (`toml::de::DeTable`), syntax errors carry line:column;
+//! 2. check the structure against the schema below: unknown sections and keys are rejected with a
+//!    "did you mean" suggestion, Megatron-LM argument names are mapped to Prism's names;
+//! 3. apply `--set section.key=value` overrides;
+//! 4. resolve `model.preset` / `model.hf_config` / `cluster.preset` and lay the job's inline keys
+//!    over them;
+//! 5. convert to typed values (range-checked, never wrapping), derive defaults (`dp`, `schedule`,
+//!    `sequence_parallel`), bound every size before anything is sized by it, build the [`Job`]
+//!    and call [`Job::validate`].
+//!
+//! Every error is a [`JobFileError`] naming the origin file, the dotted key and the rule broken,
+//! with line:column where the value came from the file.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Read;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use prism_core::job::{
+    Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
+    Recompute, Schedule, Topology, Training,
+};
+use toml::de::{DeTable, DeValue};
+
+use crate::hf;
+use crate::presets;
+
+/// The embedded default job: Llama 3 405B on 16,384 H100 GPUs.
+pub const DEFAULT_JOB_TOML: &str = include_str!("../presets/jobs/llama3-405b-16k-h100.toml");
+
+/// The `source` / origin of the embedded default job.
+pub const DEFAULT_JOB_ORIGIN: &str = "<embedded default>";
+
+/// Largest job file or HF config read (bytes); anything larger is rejected unread.
+const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// Sanity bounds on model sizes (far above any published model). They keep every parameter and
+/// FLOP count downstream inside `u64`.
+const MAX_HIDDEN: u32 = 1 << 17;
+const MAX_FFN: u32 = 1 << 20;
+const MAX_HEADS: u32 = 1 << 14;
+const MAX_HEAD_DIM: u32 = 1 << 14;
+const MAX_VOCAB: u32 = 1 << 24;
+const MAX_SEQ_LEN: u32 = 1 << 24;
+const MAX_EXPERTS: u32 = 1 << 12;
+
+/// A loaded, validated job.
+#[derive(Clone, Debug)]
+pub struct LoadedJob {
+    /// The validated job.
+    pub job: Job,
+    /// `cost.kernel_table`, resolved against the job file's directory.
+    pub kernel_table: Option<PathBuf>,
+    /// The job file path, or `<embedded default>`.
+    pub source: String,
+}
+
+/// A job file that could not be loaded: where, which key, which rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobFileError {
+    /// The job file (or `<embedded default>`, or the origin given to [`load_job_str`]).
+    pub origin: String,
+    /// Dotted key, e.g. `parallel.tp`; `None` for file-level errors (unreadable file, bad syntax).
+    pub key: Option<String>,
+    /// The rule broken, with the values involved.
+    pub rule: String,
+    /// 1-based line and column in the job file, where the value came from the file.
+    pub location: Option<(usize, usize)>,
+    /// Where the value came from when not from the file itself: a `--set` override, a preset, an
+    /// HF config, a default or a derived value.
+    pub via: Option<String>,
+}
+
+impl fmt::Display for JobFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.origin)?;
+        if let Some((line, col)) = self.location {
+            write!(f, ":{line}:{col}")?;
+        }
+        f.write_str(": ")?;
+        if let Some(key) = &self.key {
+            write!(f, "{key}: ")?;
+        }
+        f.write_str(&self.rule)?;
+        if let Some(via) = &self.via {
+            write!(f, " ({via})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for JobFileError {}
+
+/// Loads, overrides and validates the job file at `path`. Relative paths inside it
+/// (`model.hf_config`, `cost.kernel_table`) are resolved against its directory.
+pub fn load_job_file(path: &Path, sets: &[String]) -> Result<LoadedJob, JobFileError> {
+    let origin = path.display().to_string();
+    let text = read_limited(path).map_err(|rule| JobFileError {
+        origin: origin.clone(),
+        key: None,
+        rule: format!("cannot read job file: {rule}"),
+        location: None,
+        via: None,
+    })?;
+    let base = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    load_job_str(&text, &origin, Some(&base), sets)
+}
+
+/// Loads, overrides and validates a job given as text. `origin` names it in errors and becomes
+/// [`LoadedJob::source`]; relative paths inside it are resolved against `base_dir` (or the current
+/// directory when `None`).
+pub fn load_job_str(
+    text: &str,
+    origin: &str,
+    base_dir: Option<&Path>,
+    sets: &[String],
+) -> Result<LoadedJob, JobFileError> {
+    let ctx = Ctx { origin, text };
+    let mut doc = parse_doc(&ctx)?;
+    for set in sets {
+        apply_override(&ctx, &mut doc, set)?;
+    }
+    build(&ctx, &doc, base_dir)
+}
+
+/// The embedded default job ([`DEFAULT_JOB_TOML`]) with `sets` applied.
+pub fn default_job(sets: &[String]) -> Result<LoadedJob, JobFileError> {
+    load_job_str(DEFAULT_JOB_TOML, DEFAULT_JOB_ORIGIN, None, sets)
+}
+
+/// Reads a regular file of at most [`MAX_FILE_BYTES`] as UTF-8.
+fn read_limited(path: &Path) -> Result<String, String> {
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("larger than the {MAX_FILE_BYTES}-byte limit"));
+    }
+    String::from_utf8(bytes).map_err(|_| "not valid UTF-8".to_string())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schema
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ty {
+    Str,
+    U32,
+    F64,
+    Bool,
+}
+
+impl Ty {
+    fn expected(self) -> &'static str {
+        match self {
+            Ty::Str => "a string",
+            Ty::U32 => "a non-negative integer",
+            Ty::F64 => "a number",
+            Ty::Bool => "a boolean (true or false)",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Field {
+    name: &'static str,
+    ty: Ty,
+    /// Megatron-LM argument names accepted for the same setting.
+    aliases: &'static [&'static str],
+}
+
+const fn fld(name: &'static str, ty: Ty) -> Field {
+    Field {
+        name,
+        ty,
+        aliases: &[],
+    }
+}
+
+const fn alias(name: &'static str, ty: Ty, aliases: &'static [&'static str]) -> Field {
+    Field { name, ty, aliases }
+}
+
+const TOP_FIELDS: &[Field] = &[fld("name", Ty::Str)];
+
+const MODEL_FIELDS: &[Field] = &[
+    fld("preset", Ty::Str),
+    fld("hf_config", Ty::Str),
+    fld("name", Ty::Str),
+    fld("layers", Ty::U32),
+    fld("hidden", Ty::U32),
+    fld("ffn_hidden", Ty::U32),
+    fld("heads", Ty::U32),
+    fld("kv_heads", Ty::U32),
+    fld("head_dim", Ty::U32),
+    fld("vocab", Ty::U32),
+    fld("seq_len", Ty::U32),
+    fld("activation", Ty::Str),
+    fld("moe_experts", Ty::U32),
+    fld("moe_top_k", Ty::U32),
+    fld("moe_ffn_hidden", Ty::U32),
+    fld("tied_embeddings", Ty::Bool),
+];
+
+const CLUSTER_FIELDS: &[Field] = &[
+    fld("preset", Ty::Str),
+    fld("gpu", Ty::Str),
+    fld("gpus_per_node", Ty::U32),
+    fld("nodes", Ty::U32),
+    fld("peak_tflops_bf16", Ty::F64),
+    fld("peak_tflops_fp8", Ty::F64),
+    fld("hbm_gib", Ty::F64),
+    fld("hbm_tbps", Ty::F64),
+    fld("nvlink_gbps", Ty::F64),
+    fld("nic_gbps", Ty::F64),
+    fld("nic_latency_us", Ty::F64),
+    fld("nvlink_latency_us", Ty::F64),
+    fld("topology", Ty::Str),
+    fld("rail_group_nodes", Ty::U32),
+    fld("oversubscription", Ty::F64),
+];
+
+const PARALLEL_FIELDS: &[Field] = &[
+    alias("tp", Ty::U32, &["tensor_model_parallel_size"]),
+    alias("pp", Ty::U32, &["pipeline_model_parallel_size"]),
+    alias("cp", Ty::U32, &["context_parallel_size"]),
+    alias("ep", Ty::U32, &["expert_model_parallel_size"]),
+    fld("dp", Ty::U32),
+    alias("vpp", Ty::U32, &["virtual_pipeline_model_parallel_size"]),
+    alias("micro_batch", Ty::U32, &["micro_batch_size"]),
+    fld("sequence_parallel", Ty::Bool),
+    alias("recompute", Ty::Str, &["recompute_granularity"]),
+    alias(
+        "distributed_optimizer",
+        Ty::Bool,
+        &["use_distributed_optimizer"],
+    ),
+    fld("schedule", Ty::Str),
+    alias(
+        "first_stage_layers",
+        Ty::U32,
+        &["decoder_first_pipeline_num_layers"],
+    ),
+    alias(
+        "last_stage_layers",
+        Ty::U32,
+        &["decoder_last_pipeline_num_layers"],
+    ),
+    fld("dp_bucket_mparams", Ty::F64),
+];
+
+const TRAINING_FIELDS: &[Field] = &[
+    alias("global_batch", Ty::U32, &["global_batch_size"]),
+    fld("precision", Ty::Str),
+];
+
+const COST_FIELDS: &[Field] = &[fld("kernel_table", Ty::Str)];
+
+const SECTIONS: &[(&str, &[Field])] = &[
+    ("model", MODEL_FIELDS),
+    ("cluster", CLUSTER_FIELDS),
+    ("parallel", PARALLEL_FIELDS),
+    ("training", TRAINING_FIELDS),
+    ("cost", COST_FIELDS),
+];
+
+fn section_fields(name: &str) -> Option<(&'static str, &'static [Field])> {
+    SECTIONS.iter().find(|(n, _)| *n == name).copied()
+}
+
+fn find_field<'f>(fields: &'f [Field], key: &str) -> Option<&'f Field> {
+    fields
+        .iter()
+        .find(|f| f.name == key || f.aliases.contains(&key))
+}
+
+fn field_names(fields: &[Field]) -> Vec<&'static str> {
+    fields
+        .iter()
+        .flat_map(|f| std::iter::once(f.name).chain(f.aliases.iter().copied()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Spanned values
+// ---------------------------------------------------------------------------------------------
+
+/// Where a value came from.
+#[derive(Clone, Debug)]
+enum Src {
+    /// The job file; byte spans of the key and the value.
+    Doc {
+        key: Range<usize>,
+        val: Range<usize>,
+    },
+    /// A `--set` override (its text).
+    Set(String),
+    /// A preset, e.g. "model preset `llama3-8b`".
+    Preset(String),
+    /// An HF config file.
+    Hf(String),
+    /// A default value.
+    Default,
+    /// Derived from other values (description).
+    Derived(String),
+}
+
+#[derive(Clone, Debug)]
+enum Val {
+    Str(String),
+    Int(i128),
+    /// An integer too large even for i128 (its text).
+    BigInt(String),
+    Float(f64),
+    Bool(bool),
+    Table(Vec<Entry>),
+    Other(&'static str),
+}
+
+impl Val {
+    fn kind(&self) -> String {
+        match self {
+            Val::Str(s) => format!("string \"{s}\""),
+            Val::Int(i) => format!("integer {i}"),
+            Val::BigInt(s) => format!("integer {s}"),
+            Val::Float(x) => format!("float {x}"),
+            Val::Bool(b) => format!("boolean {b}"),
+            Val::Table(_) => "a table".into(),
+            Val::Other(t) => (*t).to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    /// The key as written (may be a Megatron alias).
+    key: String,
+    val: Val,
+    src: Src,
+}
+
+fn convert_value(v: &DeValue<'_>, mk: &dyn Fn(Range<usize>, Range<usize>) -> Src) -> Val {
+    match v {
+        DeValue::String(s) => Val::Str(s.to_string()),
+        DeValue::Integer(i) => match i128::from_str_radix(i.as_str(), i.radix()) {
+            Ok(n) => Val::Int(n),
+            Err(_) => Val::BigInt(i.to_string()),
+        },
+        DeValue::Float(x) => Val::Float(x.as_str().replace('_', "").parse().unwrap_or(f64::NAN)),
+        DeValue::Boolean(b) => Val::Bool(*b),
+        DeValue::Datetime(_) => Val::Other("a datetime"),
+        DeValue::Array(_) => Val::Other("an array"),
+        DeValue::Table(t) => Val::Table(convert_table(t, mk)),
+    }
+}
+
+/// The entries of a table in source order.
+fn convert_table(t: &DeTable<'_>, mk: &dyn Fn(Range<usize>, Range<usize>) -> Src) -> Vec<Entry> {
+    let mut out: Vec<(usize, Entry)> = t
+        .iter()
+        .map(|(k, v)| {
+            let src = mk(k.span(), v.span());
+            let entry = Entry {
+                key: k.get_ref().to_string(),
+                val: convert_value(v.get_ref(), mk),
+                src,
+            };
+            (k.span().start, entry)
+        })
+        .collect();
+    out.sort_by_key(|(start, _)| *start);
+    out.into_iter().map(|(_, e)| e).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+struct Ctx<'a> {
+    origin: &'a str,
+    text: &'a str,
+}
+
+impl Ctx<'_> {
+    fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let before = self.text.get(..offset).unwrap_or(self.text);
+        let line = before.matches('\n').count() + 1;
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let col = before
+            .get(line_start..)
+            .map_or(1, |s| s.chars().count() + 1);
+        (line, col)
+    }
+
+    fn error(&self, key: Option<&str>, rule: impl Into<String>) -> JobFileError {
+        JobFileError {
+            origin: self.origin.to_string(),
+            key: key.map(str::to_string),
+            rule: rule.into(),
+            location: None,
+            via: None,
+        }
+    }
+
+    /// An error about a value: located at the value (or described by its source).
+    fn at_value(&self, src: &Src, key: &str, rule: impl Into<String>) -> JobFileError {
+        let mut e = self.error(Some(key), rule);
+        self.locate(&mut e, src, false);
+        e
+    }
+
+    /// An error about a key itself (unknown, duplicated): located at the key.
+    fn at_key(&self, src: &Src, key: &str, rule: impl Into<String>) -> JobFileError {
+        let mut e = self.error(Some(key), rule);
+        self.locate(&mut e, src, true);
+        e
+    }
+
+    fn locate(&self, e: &mut JobFileError, src: &Src, at_key: bool) {
+        match src {
+            Src::Doc { key, val } => {
+                let span = if at_key { key } else { val };
+                e.location = Some(self.line_col(span.start));
+            }
+            Src::Set(s) => e.via = Some(format!("set by `--set {s}`")),
+            Src::Preset(p) => e.via = Some(format!("value from {p}")),
+            Src::Hf(p) => e.via = Some(format!("value from HF config `{p}`")),
+            Src::Default => e.via = Some("default value".into()),
+            Src::Derived(d) => e.via = Some(format!("derived: {d}")),
+        }
+    }
+}
+
+fn suggestion(name: &str, candidates: &[&'static str], fmt_item: fn(&str) -> String) -> String {
+    suggestion_listing(name, candidates, candidates, fmt_item)
+}
+
+/// "did you mean X?" when a candidate is close to `name`, else the list of `listed` names.
+fn suggestion_listing(
+    name: &str,
+    candidates: &[&'static str],
+    listed: &[&'static str],
+    fmt_item: fn(&str) -> String,
+) -> String {
+    match presets::closest(name, candidates.iter().copied()) {
+        Some(c) => format!("did you mean {}?", fmt_item(c)),
+        None => {
+            let all: Vec<String> = listed.iter().map(|c| fmt_item(c)).collect();
+            format!("expected one of {}", all.join(", "))
+        }
+    }
+}
+
+/// Unknown key in a section: suggest among names and Megatron aliases, list the names.
+fn unknown_field_rule(key: &str, fields: &[Field]) -> String {
+    let names: Vec<&'static str> = fields.iter().map(|f| f.name).collect();
+    format!(
+        "unknown key; {}",
+        suggestion_listing(key, &field_names(fields), &names, backticked)
+    )
+}
+
+fn backticked(s: &str) -> String {
+    format!("`{s}`")
+}
+
+fn bracketed(s: &str) -> String {
+    format!("`[{s}]`")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 1-2: parse and check the structure
+// ---------------------------------------------------------------------------------------------
+
+/// A section after structure checks: canonical field name -> entry.
+#[derive(Debug, Default)]
+struct Section {
+    fields: BTreeMap<&'static str, Entry>,
+}
+
+#[derive(Debug, Default)]
+struct Doc {
+    name: Option<Entry>,
+    sections: BTreeMap<&'static str, Section>,
+}
+
+fn parse_doc(ctx: &Ctx<'_>) -> Result<Doc, JobFileError> {
+    let table = DeTable::parse(ctx.text).map_err(|e| {
+        let mut err = ctx.error(None, format!("invalid TOML: {}", e.message()));
+        err.location = e.span().map(|s| ctx.line_col(s.start));
+        err
+    })?;
+    let mk = |key: Range<usize>, val: Range<usize>| Src::Doc { key, val };
+    let entries = convert_table(table.get_ref(), &mk);
+    let mut doc = Doc::default();
+    for entry in entries {
+        if entry.key == "name" {
+            doc.name = Some(entry);
+            continue;
+        }
+        let Some((sname, fields)) = section_fields(&entry.key) else {
+            return Err(unknown_top_level(ctx, &entry));
+        };
+        let Val::Table(items) = &entry.val else {
+            return Err(ctx.at_value(
+                &entry.src,
+                sname,
+                format!(
+                    "must be a section (`[{sname}]`), found {}",
+                    entry.val.kind()
+                ),
+            ));
+        };
+        let section = normalize_section(ctx, sname, fields, items, &[])?;
+        doc.sections.insert(sname, section);
+    }
+    Ok(doc)
+}
+
+fn unknown_top_level(ctx: &Ctx<'_>, entry: &Entry) -> JobFileError {
+    let key = entry.key.as_str();
+    if let Some(home) = other_section_of(key, None) {
+        return ctx.at_key(
+            &entry.src,
+            key,
+            format!("unknown top-level key; `{key}` belongs in `[{home}]`"),
+        );
+    }
+    if matches!(entry.val, Val::Table(_)) {
+        let names: Vec<&'static str> = SECTIONS.iter().map(|(n, _)| *n).collect();
+        ctx.at_key(
+            &entry.src,
+            key,
+            format!(
+                "unknown section `[{key}]`; {}",
+                suggestion(key, &names, bracketed)
+            ),
+        )
+    } else {
+        let mut names: Vec<&'static str> = field_names(TOP_FIELDS);
+        names.extend(SECTIONS.iter().map(|(n, _)| *n));
+        ctx.at_key(
+            &entry.src,
+            key,
+            format!("unknown key; {}", suggestion(key, &names, backticked)),
+        )
+    }
+}
+
+/// The section (other than `except`) that has a field called `key`, if any.
+fn other_section_of(key: &str, except: Option<&str>) -> Option<&'static str> {
+    SECTIONS
+        .iter()
+        .filter(|(n, _)| Some(*n) != except)
+        .find(|(_, fields)| find_field(fields, key).is_some())
+        .map(|(n, _)| *n)
+}
+
+/// Checks a section's keys against its schema, maps aliases, rejects a setting given twice.
+/// `forbidden` lists keys not allowed in this context (e.g. `nodes` in a cluster preset).
+fn normalize_section(
+    ctx: &Ctx<'_>,
+    sname: &'static str,
+    fields: &'static [Field],
+    items: &[Entry],
+    forbidden: &[&str],
+) -> Result<Section, JobFileError> {
+    let mut section = Section::default();
+    for entry in items {
+        let dotted = format!("{sname}.{}", entry.key);
+        let Some(field) = find_field(fields, &entry.key).filter(|f| !forbidden.contains(&f.name))
+        else {
+            if forbidden.contains(&entry.key.as_str()) {
+                return Err(ctx.at_key(&entry.src, &dotted, "not allowed here"));
+            }
+            let rule = match other_section_of(&entry.key, Some(sname)) {
+                Some(home) => format!(
+                    "unknown key in `[{sname}]`; `{}` belongs in `[{home}]`",
+                    entry.key
+                ),
+                None => unknown_field_rule(&entry.key, fields),
+            };
+            return Err(ctx.at_key(&entry.src, &dotted, rule));
+        };
+        if let Some(prev) = section.fields.get(field.name) {
+            return Err(ctx.at_key(
+                &entry.src,
+                &dotted,
+                format!(
+                    "`{sname}.{}` and `{sname}.{}` are the same setting ({sname}.{}); give only one",
+                    prev.key, entry.key, field.name
+                ),
+            ));
+        }
+        section.fields.insert(field.name, entry.clone());
+    }
+    Ok(section)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 3: overrides
+// ---------------------------------------------------------------------------------------------
+
+fn apply_override(ctx: &Ctx<'_>, doc: &mut Doc, set: &str) -> Result<(), JobFileError> {
+    let src = Src::Set(set.to_string());
+    let bad = |key: Option<&str>, rule: String| {
+        let mut e = ctx.error(key, rule);
+        e.via = Some(format!("in `--set {set}`"));
+        e
+    };
+    let Some((raw_key, raw_val)) = set.split_once('=') else {
+        return Err(bad(
+            None,
+            "bad override: expected `section.key=value`, e.g. `parallel.tp=4`".into(),
+        ));
+    };
+    let key = raw_key.trim();
+    let text = raw_val.trim();
+    let parts: Vec<&str> = key.split('.').map(str::trim).collect();
+    if key.is_empty() || parts.iter().any(|p| p.is_empty()) {
+        return Err(bad(
+            None,
+            "bad override: expected `section.key=value`, e.g. `parallel.tp=4`".into(),
+        ));
+    }
+    let (section, field): (Option<&'static str>, &'static Field) = match parts.as_slice() {
+        [name] => match find_field(TOP_FIELDS, name) {
+            Some(f) => (None, f),
+            None if section_fields(name).is_some() => {
+                return Err(bad(
+                    Some(name),
+                    format!(
+                        "bad override: name a key inside the section, e.g. `{name}.<key>=value`"
+                    ),
+                ));
+            }
+            None => {
+                let rule = match other_section_of(name, None) {
+                    Some(home) => format!("unknown key; did you mean `{home}.{name}`?"),
+                    None => {
+                        let mut names = field_names(TOP_FIELDS);
+                        names.extend(SECTIONS.iter().map(|(n, _)| *n));
+                        format!("unknown key; {}", suggestion(name, &names, backticked))
+                    }
+                };
+                return Err(bad(Some(name), rule));
+            }
+        },
+        [sec, name] => {
+            let Some((sname, fields)) = section_fields(sec) else {
+                let names: Vec<&'static str> = SECTIONS.iter().map(|(n, _)| *n).collect();
+                return Err(bad(
+                    Some(key),
+                    format!(
+                        "unknown section `{sec}`; {}",
+                        suggestion(sec, &names, backticked)
+                    ),
+                ));
+            };
+            let Some(field) = find_field(fields, name) else {
+                let rule = match other_section_of(name, Some(sname)) {
+                    Some(home) => format!("unknown key; `{name}` belongs in `[{home}]`"),
+                    None => unknown_field_rule(name, fields),
+                };
+                return Err(bad(Some(key), rule));
+            };
+            (Some(sname), field)
+        }
+        _ => {
+            return Err(bad(
+                Some(key),
+                "bad override: keys have the form `section.key` (or `name`)".into(),
+            ));
+        }
+    };
+    let val = match DeValue::parse(text) {
+        Ok(v) => {
+            let parsed = convert_value(v.get_ref(), &|_, _| src.clone());
+            match (&parsed, field.ty) {
+                (Val::Str(_), _) => parsed,
+                (_, Ty::Str) => Val::Str(text.to_string()),
+                _ => parsed,
+            }
+        }
+        Err(_) => Val::Str(text.to_string()),
+    };
+    let written = parts.last().copied().unwrap_or(field.name).to_string();
+    let entry = Entry {
+        key: written,
+        val,
+        src,
+    };
+    match section {
+        None => doc.name = Some(entry),
+        Some(sname) => {
+            let sec = doc.sections.entry(sname).or_default();
+            // Choosing a model source replaces the other one.
+            if matches!(sname, "model") && field.name == "preset" {
+                sec.fields.remove("hf_config");
+            }
+            if matches!(sname, "model") && field.name == "hf_config" {
+                sec.fields.remove("preset");
+            }
+            sec.fields.insert(field.name, entry);
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 4-5: resolve and convert
+// ---------------------------------------------------------------------------------------------
+
+/// Typed access to one section's resolved fields.
+struct Getter<'a> {
+    ctx: &'a Ctx<'a>,
+    section: &'static str,
+    fields: &'a BTreeMap<&'static str, Entry>,
+}
+
+impl Getter<'_> {
+    fn dotted(&self, key: &str) -> String {
+        format!("{}.{key}", self.section)
+    }
+
+    fn entry(&self, key: &str) -> Option<&Entry> {
+        self.fields.get(key)
+    }
+
+    fn type_error(&self, key: &str, entry: &Entry, ty: Ty) -> JobFileError {
+        let alias_note = if entry.key != key {
+            format!(" (given as `{}`)", entry.key)
+        } else {
+            String::new()
+        };
+        self.ctx.at_value(
+            &entry.src,
+            &self.dotted(key),
+            format!(
+                "expected {}, found {}{alias_note}",
+                ty.expected(),
+                entry.val.kind()
+            ),
+        )
+    }
+
+    fn u32(&self, key: &str) -> Result<Option<u32>, JobFileError> {
+        let Some(e) = self.entry(key) else {
+            return Ok(None);
+        };
+        let too_large = |shown: &str| {
+            self.ctx.at_value(
+                &e.src,
+                &self.dotted(key),
+                format!("is too large (got {shown}; at most {})", u32::MAX),
+            )
+        };
+        match &e.val {
+            Val::Int(i) if *i < 0 => Err(self.ctx.at_value(
+                &e.src,
+                &self.dotted(key),
+                format!("must not be negative (got {i})"),
+            )),
+            Val::Int(i) => u32::try_from(*i)
+                .map(Some)
+                .map_err(|_| too_large(&i.to_string())),
+            Val::BigInt(s) if s.starts_with('-') => Err(self.ctx.at_value(
+                &e.src,
+                &self.dotted(key),
+                format!("must not be negative (got {s})"),
+            )),
+            Val::BigInt(s) => Err(too_large(s)),
+            _ => Err(self.type_error(key, e, Ty::U32)),
+        }
+    }
+
+    fn f64(&self, key: &str) -> Result<Option<f64>, JobFileError> {
+        let Some(e) = self.entry(key) else {
+            return Ok(None);
+        };
+        let x = match &e.val {
+            Val::Float(x) => *x,
+            Val::Int(i) => *i as f64,
+            Val::BigInt(_) => f64::INFINITY,
+            _ => return Err(self.type_error(key, e, Ty::F64)),
+        };
+        if !x.is_finite() {
+            return Err(self.ctx.at_value(
+                &e.src,
+                &self.dotted(key),
+                format!("must be a finite number (got {})", fmt_val(&e.val)),
+            ));
+        }
+        Ok(Some(x))
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, JobFileError> {
+        let Some(e) = self.entry(key) else {
+            return Ok(None);
+        };
+        match &e.val {
+            Val::Bool(b) => Ok(Some(*b)),
+            _ => Err(self.type_error(key, e, Ty::Bool)),
+        }
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&str>, JobFileError> {
+        let Some(e) = self.entry(key) else {
+            return Ok(None);
+        };
+        match &e.val {
+            Val::Str(s) => Ok(Some(s.as_str())),
+            _ => Err(self.type_error(key, e, Ty::Str)),
+        }
+    }
+
+    fn choice<T: Copy>(
+        &self,
+        key: &str,
+        options: &[(&'static str, T)],
+    ) -> Result<Option<T>, JobFileError> {
+        let Some(s) = self.str(key)? else {
+            return Ok(None);
+        };
+        let lower = s.trim().to_ascii_lowercase();
+        if let Some((_, v)) = options.iter().find(|(n, _)| *n == lower) {
+            return Ok(Some(*v));
+        }
+        let names: Vec<&'static str> = options.iter().map(|(n, _)| *n).collect();
+        let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+        let hint = match presets::closest(&lower, names.iter().copied()) {
+            Some(c) => format!("; did you mean \"{c}\"?"),
+            None => String::new(),
+        };
+        let e = self.entry(key).expect("str() returned Some");
+        Err(self.ctx.at_value(
+            &e.src,
+            &self.dotted(key),
+            format!("must be one of {} (got \"{s}\"){hint}", quoted.join(", ")),
+        ))
+    }
+
+    fn missing(&self, key: &str, rule: &str) -> JobFileError {
+        self.ctx.error(
+            Some(&self.dotted(key)),
+            format!("missing required key; {rule}"),
+        )
+    }
+
+    fn req_u32(&self, key: &str, rule: &str) -> Result<u32, JobFileError> {
+        self.u32(key)?.ok_or_else(|| self.missing(key, rule))
+    }
+
+    fn req_f64(&self, key: &str, rule: &str) -> Result<f64, JobFileError> {
+        self.f64(key)?.ok_or_else(|| self.missing(key, rule))
+    }
+
+    /// Fails when `key` is present and above `max`.
+    fn bound(&self, key: &str, value: u64, max: u64, why: &str) -> Result<(), JobFileError> {
+        if value <= max {
+            return Ok(());
+        }
+        let dotted = self.dotted(key);
+        let rule = format!("must be at most {max} (got {value}; {why})");
+        Err(match self.entry(key) {
+            Some(e) => self.ctx.at_value(&e.src, &dotted, rule),
+            None => self.ctx.error(Some(&dotted), rule),
+        })
+    }
+}
+
+fn fmt_val(v: &Val) -> String {
+    match v {
+        Val::Float(x) => format!("{x}"),
+        Val::BigInt(s) => s.clone(),
+        other => other.kind(),
+    }
+}
+
+/// Parses a preset's TOML into the fields of section `sname`.
+fn preset_fields(
+    origin_ctx: &Ctx<'_>,
+    sname: &'static str,
+    fields: &'static [Field],
+    label: &str,
+    text: &str,
+    forbidden: &[&str],
+) -> Result<BTreeMap<&'static str, Entry>, JobFileError> {
+    let pctx = Ctx {
+        origin: label,
+        text,
+    };
+    let table = DeTable::parse(text).map_err(|e| {
+        let mut err = pctx.error(None, format!("invalid TOML in {label}: {}", e.message()));
+        err.location = e.span().map(|s| pctx.line_col(s.start));
+        err.origin = origin_ctx.origin.to_string();
+        err
+    })?;
+    let lbl = label.to_string();
+    let mk = move |_: Range<usize>, _: Range<usize>| Src::Preset(lbl.clone());
+    let entries = convert_table(table.get_ref(), &mk);
+    let section = normalize_section(origin_ctx, sname, fields, &entries, forbidden)?;
+    Ok(section.fields)
+}
+
+/// Turns a model read from an HF config into `[model]` fields.
+fn model_fields(m: &Model, src: &Src) -> BTreeMap<&'static str, Entry> {
+    let mut out = BTreeMap::new();
+    let mut put = |k: &'static str, val: Val| {
+        out.insert(
+            k,
+            Entry {
+                key: k.to_string(),
+                val,
+                src: src.clone(),
+            },
+        );
+    };
+    put("name", Val::Str(m.name.clone()));
+    put("layers", Val::Int(m.layers.into()));
+    put("hidden", Val::Int(m.hidden.into()));
+    put("ffn_hidden", Val::Int(m.ffn_hidden.into()));
+    put("heads", Val::Int(m.heads.into()));
+    put("kv_heads", Val::Int(m.kv_heads.into()));
+    put("head_dim", Val::Int(m.head_dim.into()));
+    put("vocab", Val::Int(m.vocab.into()));
+    put("seq_len", Val::Int(m.seq_len.into()));
+    let act = match m.activation {
+        Activation::SwiGlu => "swiglu",
+        Activation::Gelu => "gelu",
+    };
+    put("activation", Val::Str(act.into()));
+    if let Some(moe) = &m.moe {
+        put("moe_experts", Val::Int(moe.experts.into()));
+        put("moe_top_k", Val::Int(moe.top_k.into()));
+        put("moe_ffn_hidden", Val::Int(moe.ffn_hidden.into()));
+    }
+    put("tied_embeddings", Val::Bool(m.tied_embeddings));
+    out
+}
+
+fn resolve_path(base_dir: Option<&Path>, p: &str) -> PathBuf {
+    let path = PathBuf::from(p);
+    match base_dir {
+        Some(b) if path.is_relative() => b.join(path),
+        _ => path,
+    }
+}
+
+/// Records which source every final key came from, to locate errors from `Job::validate`.
+type Sources = BTreeMap<String, Src>;
+
+fn record(sources: &mut Sources, section: &str, fields: &BTreeMap<&'static str, Entry>) {
+    for (k, e) in fields {
+        sources.insert(format!("{section}.{k}"), e.src.clone());
+    }
+}
+
+const NO_SECTION: &BTreeMap<&'static str, Entry> = &BTreeMap::new();
+
+fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob, JobFileError> {
+    let mut sources = Sources::new();
+    let (model, model_fields) = build_model(ctx, doc, base_dir)?;
+    record(&mut sources, "model", &model_fields);
+    let (cluster, cluster_fields) = build_cluster(ctx, doc)?;
+    record(&mut sources, "cluster", &cluster_fields);
+    check_model_bounds(ctx, &model_fields, &model)?;
+
+    let training_fields = doc
+        .sections
+        .get("training")
+        .map_or(NO_SECTION, |s| &s.fields);
+    record(&mut sources, "training", training_fields);
+    let training = build_training(ctx, training_fields)?;
+
+    let parallel_fields = doc
+        .sections
+        .get("parallel")
+        .map_or(NO_SECTION, |s| &s.fields);
+    record(&mut sources, "parallel", parallel_fields);
+    let parallel = build_parallel(ctx, parallel_fields, &model, &cluster, &mut sources)?;
+
+    let cost_fields = doc.sections.get("cost").map_or(NO_SECTION, |s| &s.fields);
+    let cost = Getter {
+        ctx,
+        section: "cost",
+        fields: cost_fields,
+    };
+    let kernel_table = match cost.str("kernel_table")? {
+        None => None,
+        Some(p) => {
+            let path = resolve_path(base_dir, p);
+            if !path.is_file() {
+                let e = cost.entry("kernel_table").expect("present");
+                return Err(ctx.at_value(
+                    &e.src,
+                    "cost.kernel_table",
+                    format!("file not found: {}", path.display()),
+                ));
+            }
+            Some(path)
+        }
+    };
+
+    let name = match &doc.name {
+        None => format!(
+            "{} on {} x {}",
+            model.name,
+            cluster.num_gpus(),
+            cluster.gpu.name
+        ),
+        Some(e) => match &e.val {
+            Val::Str(s) => s.clone(),
+            _ => {
+                return Err(ctx.at_value(
+                    &e.src,
+                    "name",
+                    format!("expected a string, found {}", e.val.kind()),
+                ));
+            }
+        },
+    };
+    if let Some(e) = &doc.name {
+        sources.insert("name".into(), e.src.clone());
+    }
+
+    let job = Job {
+        name,
+        model,
+        cluster,
+        parallel,
+        training,
+    };
+    job.validate().map_err(|JobError { key, rule }| {
+        let mut e = ctx.error(Some(&key), rule);
+        if let Some(src) = sources.get(&key) {
+            ctx.locate(&mut e, src, false);
+        }
+        e
+    })?;
+    Ok(LoadedJob {
+        job,
+        kernel_table,
+        source: ctx.origin.to_string(),
+    })
+}
+
+const MODEL_SOURCE_RULE: &str =
+    "give model.preset, model.hf_config, or the inline model sizes (see docs/job-format.md)";
+
+fn build_model(
+    ctx: &Ctx<'_>,
+    doc: &Doc,
+    base_dir: Option<&Path>,
+) -> Result<(Model, BTreeMap<&'static str, Entry>), JobFileError> {
+    let Some(section) = doc.sections.get("model") else {
+        return Err(ctx.error(
+            Some("model"),
+            format!("missing section `[model]`; {MODEL_SOURCE_RULE}"),
+        ));
+    };
+    let g = Getter {
+        ctx,
+        section: "model",
+        fields: &section.fields,
+    };
+    let preset = g.str("preset")?;
+    let hf_config = g.str("hf_config")?;
+    let mut fields: BTreeMap<&'static str, Entry> = match (preset, hf_config) {
+        (Some(_), Some(_)) => {
+            let e = g.entry("hf_config").expect("present");
+            return Err(ctx.at_key(
+                &e.src,
+                "model.hf_config",
+                "model.preset and model.hf_config are both given; give only one",
+            ));
+        }
+        (Some(name), None) => {
+            let Some(text) = presets::model_preset(name) else {
+                let e = g.entry("preset").expect("present");
+                return Err(ctx.at_value(
+                    &e.src,
+                    "model.preset",
+                    unknown_preset("model", name, &presets::model_preset_names()),
+                ));
+            };
+            let label = format!("model preset `{name}`");
+            preset_fields(
+                ctx,
+                "model",
+                MODEL_FIELDS,
+                &label,
+                text,
+                &["preset", "hf_config"],
+            )?
+        }
+        (None, Some(p)) => {
+            let e = g.entry("hf_config").expect("present");
+            let path = resolve_path(base_dir, p);
+            let shown = path.display().to_string();
+            let text = read_limited(&path).map_err(|why| {
+                ctx.at_value(
+                    &e.src,
+                    "model.hf_config",
+                    format!("cannot read `{shown}`: {why}"),
+                )
+            })?;
+            let m = hf::model_from_hf_config(&text, &shown).map_err(|he| {
+                ctx.at_value(&e.src, "model.hf_config", format!("bad HF config: {he}"))
+            })?;
+            model_fields(&m, &Src::Hf(shown))
+        }
+        (None, None) => BTreeMap::new(),
+    };
+    // Inline keys override the preset / HF values.
+    for (k, e) in &section.fields {
+        if !matches!(*k, "preset" | "hf_config") {
+            fields.insert(k, e.clone());
+        }
+    }
+    let g = Getter {
+        ctx,
+        section: "model",
+        fields: &fields,
+    };
+    let req = |k: &str| g.req_u32(k, MODEL_SOURCE_RULE);
+
+    let name = g.str("name")?.unwrap_or("custom model").to_string();
+    let layers = req("layers")?;
+    let hidden = req("hidden")?;
+    let heads = req("heads")?;
+    let kv_heads = g.u32("kv_heads")?.unwrap_or(heads);
+    let head_dim = match g.u32("head_dim")? {
+        Some(d) => d,
+        None if heads > 0 && hidden.is_multiple_of(heads) => hidden / heads,
+        None => {
+            return Err(g.missing(
+                "head_dim",
+                &format!("it defaults to hidden / heads, but {hidden} / {heads} is not an integer"),
+            ));
+        }
+    };
+    let vocab = req("vocab")?;
+    let seq_len = req("seq_len")?;
+    let activation = g
+        .choice(
+            "activation",
+            &[("swiglu", Activation::SwiGlu), ("gelu", Activation::Gelu)],
+        )?
+        .ok_or_else(|| g.missing("activation", "one of \"swiglu\", \"gelu\""))?;
+    let experts = g.u32("moe_experts")?;
+    let top_k = g.u32("moe_top_k")?;
+    let moe_ffn = g.u32("moe_ffn_hidden")?;
+    let ffn_hidden = match (g.u32("ffn_hidden")?, experts, moe_ffn) {
+        (Some(f), _, _) => f,
+        (None, Some(_), Some(f)) => f,
+        (None, _, _) => req("ffn_hidden")?,
+    };
+    let moe = match experts {
+        Some(experts) => Some(Moe {
+            experts,
+            top_k: top_k.ok_or_else(|| {
+                g.missing(
+                    "moe_top_k",
+                    "a mixture-of-experts model (model.moe_experts) needs it",
+                )
+            })?,
+            ffn_hidden: moe_ffn.unwrap_or(ffn_hidden),
+        }),
+        None => {
+            for k in ["moe_top_k", "moe_ffn_hidden"] {
+                if let Some(e) = g.entry(k) {
+                    return Err(ctx.at_value(
+                        &e.src,
+                        &format!("model.{k}"),
+                        "needs model.moe_experts (the number of experts)",
+                    ));
+                }
+            }
+            None
+        }
+    };
+    let tied_embeddings = g.bool("tied_embeddings")?.unwrap_or(false);
+    let model = Model {
+        name,
+        layers,
+        hidden,
+        ffn_hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab,
+        seq_len,
+        activation,
+        moe,
+        tied_embeddings,
+    };
+    Ok((model, fields))
+}
+
+fn check_model_bounds(
+    ctx: &Ctx<'_>,
+    fields: &BTreeMap<&'static str, Entry>,
+    m: &Model,
+) -> Result<(), JobFileError> {
+    let g = Getter {
+        ctx,
+        section: "model",
+        fields,
+    };
+    const WHY: &str = "a sanity bound far above any published model";
+    g.bound(
+        "layers",
+        m.layers.into(),
+        MAX_LAYERS.into(),
+        "the supported maximum",
+    )?;
+    g.bound("hidden", m.hidden.into(), MAX_HIDDEN.into(), WHY)?;
+    g.bound("ffn_hidden", m.ffn_hidden.into(), MAX_FFN.into(), WHY)?;
+    g.bound("heads", m.heads.into(), MAX_HEADS.into(), WHY)?;
+    g.bound("kv_heads", m.kv_heads.into(), MAX_HEADS.into(), WHY)?;
+    g.bound("head_dim", m.head_dim.into(), MAX_HEAD_DIM.into(), WHY)?;
+    g.bound("vocab", m.vocab.into(), MAX_VOCAB.into(), WHY)?;
+    g.bound("seq_len", m.seq_len.into(), MAX_SEQ_LEN.into(), WHY)?;
+    if let Some(moe) = &m.moe {
+        g.bound("moe_experts", moe.experts.into(), MAX_EXPERTS.into(), WHY)?;
+        g.bound("moe_ffn_hidden", moe.ffn_hidden.into(), MAX_FFN.into(), WHY)?;
+    }
+    Ok(())
+}
+
+fn unknown_preset(kind: &str, name: &str, names: &[&'static str]) -> String {
+    let hint = match presets::closest(name, names.iter().copied()) {
+        Some(c) => format!("did you mean `{c}`? "),
+        None => String::new(),
+    };
+    format!(
+        "unknown {kind} preset `{name}`; {hint}known {kind} presets: {}",
+        names.join(", ")
+    )
+}
+
+fn build_cluster(
+    ctx: &Ctx<'_>,
+    doc: &Doc,
+) -> Result<(Cluster, BTreeMap<&'static str, Entry>), JobFileError> {
+    let Some(section) = doc.sections.get("cluster") else {
+        return Err(ctx.error(
+            Some("cluster"),
+            "missing section `[cluster]`; give cluster.preset (or the inline figures) and cluster.nodes",
+        ));
+    };
+    let g = Getter {
+        ctx,
+        section: "cluster",
+        fields: &section.fields,
+    };
+    let preset = g.str("preset")?;
+    let mut fields = match preset {
+        Some(name) => {
+            let Some(text) = presets::cluster_preset(name) else {
+                let e = g.entry("preset").expect("present");
+                return Err(ctx.at_value(
+                    &e.src,
+                    "cluster.preset",
+                    unknown_preset("cluster", name, &presets::cluster_preset_names()),
+                ));
+            };
+            let label = format!("cluster preset `{name}`");
+            preset_fields(
+                ctx,
+                "cluster",
+                CLUSTER_FIELDS,
+                &label,
+                text,
+                &["preset", "nodes"],
+            )?
+        }
+        None => BTreeMap::new(),
+    };
+    for (k, e) in &section.fields {
+        if *k != "preset" {
+            fields.insert(k, e.clone());
+        }
+    }
+    const RULE: &str = "give cluster.preset or every inline figure (see docs/job-format.md)";
+    let g = Getter {
+        ctx,
+        section: "cluster",
+        fields: &fields,
+    };
+    let gpu_name = g
+        .str("gpu")?
+        .ok_or_else(|| g.missing("gpu", RULE))?
+        .to_string();
+    let gpus_per_node = g.req_u32("gpus_per_node", RULE)?;
+    let nodes = g.req_u32(
+        "nodes",
+        "the number of nodes (a cluster preset gives no node count)",
+    )?;
+    // Bound the GPU count before anything is derived from it.
+    let gpus = u64::from(gpus_per_node) * u64::from(nodes);
+    if gpus > MAX_GPUS {
+        let key = if g.entry("nodes").is_some() {
+            "nodes"
+        } else {
+            "gpus_per_node"
+        };
+        let e = g.entry(key).expect("present");
+        return Err(ctx.at_value(
+            &e.src,
+            &format!("cluster.{key}"),
+            format!(
+                "nodes x gpus_per_node = {nodes} x {gpus_per_node} = {gpus} GPUs exceeds the \
+                 supported maximum of {MAX_GPUS}"
+            ),
+        ));
+    }
+    // Only one topology so far; the key is checked so that a typo is not silently accepted.
+    g.choice("topology", &[("rail-fat-tree", ())])?;
+    let cluster = Cluster {
+        name: match preset {
+            Some(p) => p.to_string(),
+            None => format!("custom {gpu_name}"),
+        },
+        gpu: Gpu {
+            name: gpu_name,
+            peak_tflops_bf16: g.req_f64("peak_tflops_bf16", RULE)?,
+            peak_tflops_fp8: g.f64("peak_tflops_fp8")?,
+            hbm_gib: g.req_f64("hbm_gib", RULE)?,
+            hbm_tbps: g.req_f64("hbm_tbps", RULE)?,
+        },
+        gpus_per_node,
+        nodes,
+        nvlink_gbps: g.req_f64("nvlink_gbps", RULE)?,
+        nic_gbps: g.req_f64("nic_gbps", RULE)?,
+        nic_latency_us: g.f64("nic_latency_us")?.unwrap_or(5.0),
+        nvlink_latency_us: g.f64("nvlink_latency_us")?.unwrap_or(1.0),
+        topology: Topology {
+            rail_group_nodes: g.u32("rail_group_nodes")?.unwrap_or(32),
+            oversubscription: g.f64("oversubscription")?.unwrap_or(1.0),
+        },
+    };
+    Ok((cluster, fields))
+}
+
+fn build_training(
+    ctx: &Ctx<'_>,
+    fields: &BTreeMap<&'static str, Entry>,
+) -> Result<Training, JobFileError> {
+    let g = Getter {
+        ctx,
+        section: "training",
+        fields,
+    };
+    let global_batch = g.req_u32("global_batch", "sequences per iteration")?;
+    let precision = g
+        .choice(
+            "precision",
+            &[("bf16", Precision::Bf16), ("fp8", Precision::Fp8)],
+        )?
+        .unwrap_or(Precision::Bf16);
+    Ok(Training {
+        global_batch,
+        precision,
+    })
+}
+
+fn build_parallel(
+    ctx: &Ctx<'_>,
+    fields: &BTreeMap<&'static str, Entry>,
+    model: &Model,
+    cluster: &Cluster,
+    sources: &mut Sources,
+) -> Result<Parallel, JobFileError> {
+    let g = Getter {
+        ctx,
+        section: "parallel",
+        fields,
+    };
+    let gpus = cluster.num_gpus();
+    let tp = g.req_u32("tp", "the tensor-parallel size")?;
+    let pp = g.req_u32("pp", "the pipeline-parallel size")?;
+    let cp = g.u32("cp")?.unwrap_or(1);
+    let ep = g.u32("ep")?.unwrap_or(1);
+    let vpp = g.u32("vpp")?.unwrap_or(1);
+    let micro_batch = g.u32("micro_batch")?.unwrap_or(1);
+    let given_dp = g.u32("dp")?;
+
+    // No parallel size can exceed the GPU count; checking it here also keeps every product
+    // below inside u64 (and Job::validate's u32 arithmetic from overflowing).
+    let why = "no parallel dimension can exceed the GPU count";
+    for (k, v) in [
+        ("tp", tp),
+        ("pp", pp),
+        ("cp", cp),
+        ("ep", ep),
+        ("dp", given_dp.unwrap_or(1)),
+    ] {
+        g.bound(k, v.into(), gpus, why)?;
+    }
+    let dp = match given_dp {
+        Some(dp) => dp,
+        None => {
+            let mp = u64::from(tp) * u64::from(pp) * u64::from(cp);
+            if mp == 0 {
+                0 // Job::validate reports the zero size.
+            } else if !gpus.is_multiple_of(mp) {
+                return Err(ctx.error(
+                    Some("parallel.dp"),
+                    format!(
+                        "not given, and cannot be derived: the GPU count {gpus} is not divisible by \
+                         tp x pp x cp = {tp} x {pp} x {cp} = {mp}"
+                    ),
+                ));
+            } else {
+                let dp = (gpus / mp) as u32;
+                sources.insert(
+                    "parallel.dp".into(),
+                    Src::Derived(format!("dp = GPUs / (tp x pp x cp) = {gpus} / {mp} = {dp}")),
+                );
+                dp
+            }
+        }
+    };
+    // The running product of tp, pp, cp, dp stays within the GPU count.
+    let mut product = 1u64;
+    for (k, v) in [("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp)] {
+        product *= u64::from(v);
+        if product > gpus {
+            let dotted = format!("parallel.{k}");
+            let rule = format!(
+                "tp x pp x cp x dp grows past the GPU count {gpus} (product {product} at `{k}`)"
+            );
+            return Err(match g.entry(k) {
+                Some(e) => ctx.at_value(&e.src, &dotted, rule),
+                None => ctx.error(Some(&dotted), rule),
+            });
+        }
+    }
+    // Every (virtual) pipeline stage needs a layer: keeps pp x vpp (u32 in validate) in range.
+    if (1..=MAX_LAYERS).contains(&model.layers)
+        && u64::from(pp) * u64::from(vpp) > u64::from(model.layers)
+    {
+        let k = if vpp > 1 { "vpp" } else { "pp" };
+        g.bound(
+            k,
+            u64::from(pp) * u64::from(vpp),
+            model.layers.into(),
+            "pp x vpp: every virtual pipeline stage needs at least one of the model's layers",
+        )?;
+    }
+    let first = g.u32("first_stage_layers")?;
+    let last = g.u32("last_stage_layers")?;
+    if (1..=MAX_LAYERS).contains(&model.layers) {
+        for (k, v) in [("first_stage_layers", first), ("last_stage_layers", last)] {
+            if let Some(v) = v {
+                g.bound(
+                    k,
+                    v.into(),
+                    model.layers.into(),
+                    "cannot exceed model.layers",
+                )?;
+            }
+        }
+    }
+    let sequence_parallel = match g.bool("sequence_parallel")? {
+        Some(b) => b,
+        None => {
+            sources.insert("parallel.sequence_parallel".into(), Src::Default);
+            tp > 1
+        }
+    };
+    let recompute = g
+        .choice(
+            "recompute",
+            &[
+                ("none", Recompute::None),
+                ("selective", Recompute::Selective),
+                ("full", Recompute::Full),
+            ],
+        )?
+        .unwrap_or(Recompute::None);
+    let distributed_optimizer = g.bool("distributed_optimizer")?.unwrap_or(true);
+    let schedule = match g.choice(
+        "schedule",
+        &[
+            ("1f1b", Schedule::OneFOneB),
+            ("interleaved", Schedule::Interleaved),
+            ("gpipe", Schedule::GPipe),
+        ],
+    )? {
+        Some(s) => s,
+        None => {
+            sources.insert(
+                "parallel.schedule".into(),
+                Src::Derived(
+                    "schedule defaults to \"interleaved\" when vpp > 1, else \"1f1b\"".into(),
+                ),
+            );
+            if vpp > 1 {
+                Schedule::Interleaved
+            } else {
+                Schedule::OneFOneB
+            }
+        }
+    };
+    let dp_bucket_mparams = g.f64("dp_bucket_mparams")?.unwrap_or(40.0);
+    Ok(Parallel {
+        tp,
+        pp,
+        cp,
+        ep,
+        dp,
+        vpp,
+        micro_batch,
+        sequence_parallel,
+        recompute,
+        distributed_optimizer,
+        schedule,
+        first_stage_layers: first,
+        last_stage_layers: last,
+        dp_bucket_mparams,
+    })
+}

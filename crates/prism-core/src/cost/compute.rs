@@ -1,1 +1,952 @@
-//! Compute cost model (placeholder; owned by the compute-cost work).
+//! Compute cost model: how long one compute kernel takes on one GPU of the job.
+//!
+//! Every kernel is priced by a roofline with shape-dependent efficiencies, plus a fixed
+//! per-kernel overhead:
+//!
+//! ```text
+//! time = max(flops / (peak * eff(shape)), bytes / (hbm_bandwidth * mem_eff)) + launch_overhead
+//! ```
+//!
+//! * GEMMs ([`Work::Gemm`]) run at the job's precision: BF16 at the BF16 dense peak, or FP8 at the
+//!   FP8 dense peak with 1-byte operands (only kernels of class [`OpClass::Gemm`]; router and
+//!   other GEMM-shaped kernels stay BF16, as Transformer Engine leaves them). Their efficiency
+//!   is [`ComputeModel::gemm_efficiency`]: a ceiling `eff_max` reduced by tile padding, by
+//!   under-filling the streaming multiprocessors (fewer output tiles than SMs) and by the fixed
+//!   prologue/epilogue cost of each tile relative to its reduction length `K`.
+//! * Fused attention ([`Work::Attention`]) always runs in BF16 at the BF16 peak, with an
+//!   efficiency that saturates in the number of keys each query attends to and in the head
+//!   width, and is reduced when there are fewer query (forward) or key (backward) blocks than
+//!   SMs.
+//! * Memory-bound kernels ([`Work::Memory`]) stream their bytes at `mem_eff` of HBM bandwidth.
+//!
+//! A measured [`KernelTable`] entry for `(op name, shape_key, dtype)` replaces the roofline term
+//! for that kernel; the launch overhead is still added, because profilers report kernel
+//! durations (GPU time between kernel start and end) and not the gaps between kernels.
+//!
+//! All efficiencies are fields of [`ComputeParams`], one set per GPU generation, so that a
+//! calibration can fit them; nothing here is a per-case factor.
+
+use std::collections::BTreeMap;
+
+use crate::job::{Gpu, Job, Precision};
+use crate::ops::{ComputeOp, OpClass, Work, causal_fraction};
+use crate::units::{SimTime, ps_from_s};
+
+/// Physical efficiency parameters of one GPU generation.
+///
+/// The defaults ([`ComputeParams::for_gpu`]) are initial values taken from published
+/// measurements (cited per field); a calibration task is expected to refine them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputeParams {
+    /// Streaming multiprocessors on the GPU (A100: 108, H100/H200 SXM: 132, B200: 148; from the
+    /// NVIDIA architecture whitepapers). One GEMM output tile or one attention block runs on one
+    /// SM at a time.
+    pub sm_count: u32,
+    /// Rows (M) of one GEMM output tile computed by one thread block. cuBLAS/CUTLASS pick
+    /// 128x256 or 256x128 tiles for large BF16/FP8 GEMMs on Ampere and Hopper.
+    pub gemm_tile_m: u32,
+    /// Columns (N) of one GEMM output tile.
+    pub gemm_tile_n: u32,
+    /// Fixed cost of one output tile, expressed as an equivalent reduction length: pipeline
+    /// prologue (filling the shared-memory stages) and epilogue (converting and storing the
+    /// accumulator tile). A tile with reduction length `K` runs at `K / (K + gemm_k_overhead)` of
+    /// the mainloop rate. Initial estimate: about two to four 64-deep mainloop stages; cuBLAS
+    /// throughput curves reach ~90% of their large-K value at K ≈ 2048 on H100.
+    pub gemm_k_overhead: f64,
+    /// Ceiling of BF16 GEMM efficiency (fraction of the dense BF16 peak) for large, well-shaped
+    /// GEMMs. H100 SXM: ~0.80 (cuBLAS large BF16 GEMMs measure ~700-800 TFLOP/s of 989, the
+    /// spread being clock throttling under the 700 W limit); A100: ~0.85 (cuBLAS ~260-280
+    /// TFLOP/s of 312).
+    pub gemm_eff_max_bf16: f64,
+    /// Ceiling of FP8 GEMM efficiency (fraction of the dense FP8 peak). H100: ~0.70 (cuBLASLt FP8
+    /// GEMMs measure ~1300-1450 TFLOP/s of 1979; FP8 is more power-limited than BF16). Unused on
+    /// GPUs without FP8.
+    pub gemm_eff_max_fp8: f64,
+    /// Ceiling of fused-attention forward efficiency (fraction of the dense BF16 peak) at long
+    /// sequences and head width >= [`Self::attn_head_dim_ref`]. A100 FlashAttention-2: 0.70
+    /// (Dao 2023 reports 50-73% of peak forward, the top at head dim 128 and long sequences).
+    /// H100: 0.55, between FlashAttention-2 on H100 (~35-50%; Shah et al. 2024, the
+    /// FlashAttention-3 paper) and FlashAttention-3 (75% in FP16 forward), which is where the
+    /// cuDNN fused attention that Megatron-Core uses through Transformer Engine sits.
+    pub attn_fwd_eff_max: f64,
+    /// Ceiling of fused-attention backward efficiency (the backward is 2.5x the forward FLOPs
+    /// and has more shared-memory traffic and atomics on dQ). A100 FlashAttention-2: ~0.60
+    /// (Dao 2023: backward lower than forward, 50-63%); H100: ~0.45 (FlashAttention-3 paper,
+    /// backward ~1.5-1.75x slower per FLOP than forward).
+    pub attn_bwd_eff_max: f64,
+    /// Rows of one attention thread block: queries per block in the forward pass, keys per
+    /// block in the backward pass (FlashAttention-2/3 use 128).
+    pub attn_block: u32,
+    /// Keys per query at which attention reaches half its ceiling: each block iterates over the
+    /// keys it attends to, and short loops are dominated by the per-block prologue and softmax
+    /// rescaling epilogue. 128 reproduces the FlashAttention-2 curves (seq 512 non-causal at
+    /// ~80% of the 16k figure).
+    pub attn_seq_half: f64,
+    /// Head width at which the head-width factor is 1 (FlashAttention-2/3 are tuned for 128;
+    /// wider heads do not run faster).
+    pub attn_head_dim_ref: f64,
+    /// Half-saturation head width: the head-width factor is
+    /// `(d / (d + half)) / (ref / (ref + half))`, capped at 1. With 32, head dim 64 runs at
+    /// ~0.83 of head dim 128, as in the FlashAttention-2 forward figures.
+    pub attn_head_dim_half: f64,
+    /// Fraction of HBM bandwidth reached by memory-bound kernels (norms, elementwise, optimizer,
+    /// and the memory roof of GEMMs and attention). STREAM-like kernels reach ~90% on A100/H100;
+    /// PyTorch elementwise kernels typically 80-90%; 0.85.
+    pub mem_eff: f64,
+    /// Fixed time per kernel on the GPU timeline, seconds: launch latency, kernel ramp-up and
+    /// tail, and the idle gap before the next kernel. CUDA launch latency is ~2-5 us; Megatron
+    /// traces show gaps of a few microseconds between kernels; 4 us.
+    pub launch_overhead_s: f64,
+}
+
+impl ComputeParams {
+    /// NVIDIA A100 (SXM4, 108 SMs, BF16 312 TFLOP/s dense).
+    pub fn a100() -> Self {
+        ComputeParams {
+            sm_count: 108,
+            gemm_tile_m: 128,
+            gemm_tile_n: 256,
+            gemm_k_overhead: 128.0,
+            gemm_eff_max_bf16: 0.85,
+            gemm_eff_max_fp8: 0.70,
+            attn_fwd_eff_max: 0.70,
+            attn_bwd_eff_max: 0.60,
+            attn_block: 128,
+            attn_seq_half: 128.0,
+            attn_head_dim_ref: 128.0,
+            attn_head_dim_half: 32.0,
+            mem_eff: 0.85,
+            launch_overhead_s: 4e-6,
+        }
+    }
+
+    /// NVIDIA H100 (SXM5, 132 SMs, BF16 989 TFLOP/s dense, FP8 1979 TFLOP/s dense).
+    pub fn h100() -> Self {
+        ComputeParams {
+            sm_count: 132,
+            gemm_tile_m: 128,
+            gemm_tile_n: 256,
+            gemm_k_overhead: 256.0,
+            gemm_eff_max_bf16: 0.80,
+            gemm_eff_max_fp8: 0.70,
+            attn_fwd_eff_max: 0.55,
+            attn_bwd_eff_max: 0.45,
+            attn_block: 128,
+            attn_seq_half: 128.0,
+            attn_head_dim_ref: 128.0,
+            attn_head_dim_half: 32.0,
+            mem_eff: 0.85,
+            launch_overhead_s: 4e-6,
+        }
+    }
+
+    /// NVIDIA H200 (SXM, same GH100 die and clocks as H100; larger, faster HBM3e, which the
+    /// model takes from the job's `hbm_tbps`). Same efficiencies as H100 until calibrated.
+    pub fn h200() -> Self {
+        Self::h100()
+    }
+
+    /// NVIDIA B200 (148 SMs, BF16 ~2250 TFLOP/s dense). Provisional: there are few published
+    /// kernel measurements yet, so the Hopper efficiencies are used, with a larger per-tile
+    /// overhead (faster tensor cores against a similar epilogue) and slightly lower GEMM
+    /// ceilings (power-limited at the higher peak).
+    pub fn b200() -> Self {
+        ComputeParams {
+            sm_count: 148,
+            gemm_k_overhead: 384.0,
+            gemm_eff_max_bf16: 0.75,
+            gemm_eff_max_fp8: 0.70,
+            ..Self::h100()
+        }
+    }
+
+    /// Defaults for a GPU, chosen by its name (`A100`/`A800`, `H100`/`H800`/`GH200`, `H200`,
+    /// `B200`/`B100`/`GB200`/`B300`) or, failing that, by its dense BF16 peak (>= 1500 TFLOP/s:
+    /// Blackwell; >= 600: Hopper; else Ampere).
+    pub fn for_gpu(gpu: &Gpu) -> Self {
+        let name = gpu.name.to_ascii_uppercase();
+        let has = |s: &str| name.contains(s);
+        if has("B200") || has("B100") || has("B300") {
+            Self::b200()
+        } else if has("H200") {
+            Self::h200()
+        } else if has("H100") || has("H800") || has("GH200") {
+            Self::h100()
+        } else if has("A100") || has("A800") {
+            Self::a100()
+        } else if gpu.peak_tflops_bf16 >= 1500.0 {
+            Self::b200()
+        } else if gpu.peak_tflops_bf16 >= 600.0 {
+            Self::h100()
+        } else {
+            Self::a100()
+        }
+    }
+
+    /// Checks every field; the error names the field and the rule.
+    pub fn validate(&self) -> Result<(), String> {
+        let unit = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 && v <= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be in (0, 1] (got {v})"))
+            }
+        };
+        let nonneg = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{name} must be a non-negative finite number (got {v})"
+                ))
+            }
+        };
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a positive finite number (got {v})"))
+            }
+        };
+        for (name, v) in [
+            ("sm_count", self.sm_count),
+            ("gemm_tile_m", self.gemm_tile_m),
+            ("gemm_tile_n", self.gemm_tile_n),
+            ("attn_block", self.attn_block),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        unit("gemm_eff_max_bf16", self.gemm_eff_max_bf16)?;
+        unit("gemm_eff_max_fp8", self.gemm_eff_max_fp8)?;
+        unit("attn_fwd_eff_max", self.attn_fwd_eff_max)?;
+        unit("attn_bwd_eff_max", self.attn_bwd_eff_max)?;
+        unit("mem_eff", self.mem_eff)?;
+        nonneg("gemm_k_overhead", self.gemm_k_overhead)?;
+        nonneg("attn_seq_half", self.attn_seq_half)?;
+        nonneg("attn_head_dim_half", self.attn_head_dim_half)?;
+        positive("attn_head_dim_ref", self.attn_head_dim_ref)?;
+        nonneg("launch_overhead_s", self.launch_overhead_s)?;
+        Ok(())
+    }
+}
+
+/// Measured kernel durations: `(op name, shape key, dtype) -> seconds`.
+///
+/// The op name is [`ComputeOp::name`], the shape key is [`shape_key`] of the op's work and the
+/// dtype is `"bf16"` or `"fp8"` (the precision the model would run the kernel at). Ordered
+/// (`BTreeMap`), so iteration and any output derived from it are deterministic.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KernelTable {
+    /// op name -> shape key -> dtype -> seconds (nested so lookups borrow `&str`).
+    entries: BTreeMap<String, BTreeMap<String, BTreeMap<String, f64>>>,
+    len: usize,
+}
+
+impl KernelTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Inserts (or replaces) the duration of one kernel, in seconds.
+    pub fn insert(&mut self, op: &str, shape: &str, dtype: &str, seconds: f64) {
+        let old = self
+            .entries
+            .entry(op.to_owned())
+            .or_default()
+            .entry(shape.to_owned())
+            .or_default()
+            .insert(dtype.to_owned(), seconds);
+        if old.is_none() {
+            self.len += 1;
+        }
+    }
+
+    /// The measured duration, seconds, if the table has this kernel.
+    pub fn get(&self, op: &str, shape: &str, dtype: &str) -> Option<f64> {
+        self.entries.get(op)?.get(shape)?.get(dtype).copied()
+    }
+
+    /// True when the table has at least one entry for kernels named `op`.
+    pub fn has_op(&self, op: &str) -> bool {
+        self.entries.contains_key(op)
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the table has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Entries in key order: `(op, shape, dtype, seconds)`.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, &str, f64)> {
+        self.entries.iter().flat_map(|(o, shapes)| {
+            shapes.iter().flat_map(move |(s, dtypes)| {
+                dtypes
+                    .iter()
+                    .map(move |(d, &t)| (o.as_str(), s.as_str(), d.as_str(), t))
+            })
+        })
+    }
+}
+
+/// Canonical shape key of a kernel's work, used by [`KernelTable`]:
+///
+/// * GEMM: `"{M}x{N}x{K}"`, or `"{B}x{M}x{N}x{K}"` when `batch > 1`;
+/// * attention: `"b{batch}h{heads}q{seq_q}k{seq_kv}d{head_dim}{c|n}"` (`c` causal, `n` not; the
+///   op name tells forward from backward);
+/// * memory-bound: `"{bytes}B"`.
+pub fn shape_key(work: &Work) -> String {
+    match *work {
+        Work::Gemm { m, n, k, batch } => {
+            if batch > 1 {
+                format!("{batch}x{m}x{n}x{k}")
+            } else {
+                format!("{m}x{n}x{k}")
+            }
+        }
+        Work::Attention {
+            batch,
+            heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            causal,
+            ..
+        } => {
+            let c = if causal { 'c' } else { 'n' };
+            format!("b{batch}h{heads}q{seq_q}k{seq_kv}d{head_dim}{c}")
+        }
+        Work::Memory { bytes } => format!("{bytes}B"),
+    }
+}
+
+/// Prices compute kernels for one job.
+#[derive(Clone, Debug)]
+pub struct ComputeModel {
+    params: ComputeParams,
+    table: Option<KernelTable>,
+    precision: Precision,
+    /// Dense BF16 peak, FLOP/s.
+    peak_bf16: f64,
+    /// Dense peak for GEMMs at the job's precision, FLOP/s.
+    peak_gemm: f64,
+    /// HBM bandwidth, bytes/s.
+    hbm_bytes_per_s: f64,
+}
+
+impl ComputeModel {
+    /// A model for `job`'s GPU with `params` and an optional measured kernel table.
+    ///
+    /// # Panics
+    /// If `params` fails [`ComputeParams::validate`] (callers validate parameters they read).
+    pub fn new(job: &Job, params: ComputeParams, table: Option<KernelTable>) -> Self {
+        if let Err(e) = params.validate() {
+            panic!("invalid compute parameters: {e}");
+        }
+        let gpu = &job.cluster.gpu;
+        let peak_bf16 = gpu.peak_tflops_bf16 * 1e12;
+        let precision = job.training.precision;
+        let peak_gemm = match precision {
+            Precision::Bf16 => peak_bf16,
+            Precision::Fp8 => gpu.peak_tflops_fp8.map_or(peak_bf16, |t| t * 1e12),
+        };
+        ComputeModel {
+            params,
+            table,
+            precision,
+            peak_bf16,
+            peak_gemm,
+            hbm_bytes_per_s: gpu.hbm_tbps * 1e12,
+        }
+    }
+
+    /// The parameters in use.
+    pub fn params(&self) -> &ComputeParams {
+        &self.params
+    }
+
+    /// Duration of `op`, picoseconds; at least 1 ps, and including the launch overhead.
+    pub fn time_ps(&self, op: &ComputeOp) -> SimTime {
+        ps_from_s(self.time_s(op)).max(1)
+    }
+
+    /// Duration of `op`, seconds, including the launch overhead.
+    pub fn time_s(&self, op: &ComputeOp) -> f64 {
+        let fp8 = self.runs_fp8(op);
+        let dtype = if fp8 { "fp8" } else { "bf16" };
+        if let Some(table) = self.table.as_ref().filter(|t| t.has_op(op.name))
+            && let Some(t) = table.get(op.name, &shape_key(&op.work), dtype)
+        {
+            return t + self.params.launch_overhead_s;
+        }
+        self.roofline_s(&op.work, fp8) + self.params.launch_overhead_s
+    }
+
+    /// Whether `op` runs on FP8 tensor cores: GEMM-class kernels of an FP8 job.
+    fn runs_fp8(&self, op: &ComputeOp) -> bool {
+        self.precision == Precision::Fp8
+            && op.class == OpClass::Gemm
+            && matches!(op.work, Work::Gemm { .. })
+            && self.peak_gemm != self.peak_bf16
+    }
+
+    /// Roofline time of `work` without the launch overhead, seconds.
+    fn roofline_s(&self, work: &Work, fp8: bool) -> f64 {
+        let bw = self.hbm_bytes_per_s * self.params.mem_eff;
+        let flops = work.flops();
+        match *work {
+            Work::Gemm { m, n, k, batch } => {
+                let (peak, eff_max, bytes) = if fp8 {
+                    // FP8 operands (1 B), BF16 output (2 B).
+                    let b = (m as f64 * k as f64 + k as f64 * n as f64 + 2.0 * m as f64 * n as f64)
+                        * batch as f64;
+                    (self.peak_gemm, self.params.gemm_eff_max_fp8, b)
+                } else {
+                    (
+                        self.peak_bf16,
+                        self.params.gemm_eff_max_bf16,
+                        work.bytes(2.0),
+                    )
+                };
+                let compute = if flops > 0.0 {
+                    self.gemm_compute_s(m, n, k, batch, peak * eff_max)
+                } else {
+                    0.0
+                };
+                compute.max(bytes / bw)
+            }
+            Work::Attention { .. } => {
+                let compute = if flops > 0.0 {
+                    flops / (self.peak_bf16 * self.attention_efficiency(work))
+                } else {
+                    0.0
+                };
+                compute.max(work.bytes(2.0) / bw)
+            }
+            Work::Memory { bytes } => bytes as f64 / bw,
+        }
+    }
+
+    /// GEMM efficiency (fraction of the dense peak of the job's GEMM precision) of one
+    /// `[m x k] x [k x n]` GEMM; in (0, 1].
+    ///
+    /// `eff_max * padding * fill * k / (k + gemm_k_overhead)`, where, with `tiles` the number
+    /// of `gemm_tile_m x gemm_tile_n` output tiles:
+    /// * `padding = m n / (tiles * tile_m * tile_n)`: the share of computed tile area that is
+    ///   real output;
+    /// * `fill = min(1, tiles / sm_count)`: fewer tiles than SMs leave SMs idle. Partial last
+    ///   waves are not charged: cuBLAS on Ampere/Hopper balances them with stream-K / split-K
+    ///   kernels, so beyond one wave throughput is proportional to work.
+    ///
+    /// The resulting time is `∝ tile_m tile_n (k + k_overhead) max(tiles, sm_count)`, never
+    /// decreasing in any dimension.
+    pub fn gemm_efficiency(&self, m: u64, n: u64, k: u64) -> f64 {
+        let eff_max = if self.precision == Precision::Fp8 && self.peak_gemm != self.peak_bf16 {
+            self.params.gemm_eff_max_fp8
+        } else {
+            self.params.gemm_eff_max_bf16
+        };
+        self.gemm_eff(m, n, k, 1, eff_max)
+    }
+
+    /// Compute time of a GEMM at `rate` = peak x eff_max FLOP/s: equal to
+    /// `flops / (peak * gemm_eff(..))`, written as
+    /// `2 tile_m tile_n max(tiles, sm_count) (k + k_overhead) / rate` so that it is
+    /// exactly monotone in floating point too.
+    fn gemm_compute_s(&self, m: u64, n: u64, k: u64, batch: u64, rate: f64) -> f64 {
+        let p = &self.params;
+        let tm = p.gemm_tile_m as u64;
+        let tn = p.gemm_tile_n as u64;
+        let tiles =
+            m.max(1).div_ceil(tm) as f64 * n.max(1).div_ceil(tn) as f64 * batch.max(1) as f64;
+        let sms = p.sm_count as f64;
+        2.0 * (tm * tn) as f64 * tiles.max(sms) * (k.max(1) as f64 + p.gemm_k_overhead) / rate
+    }
+
+    fn gemm_eff(&self, m: u64, n: u64, k: u64, batch: u64, eff_max: f64) -> f64 {
+        let p = &self.params;
+        let (m, n, k, batch) = (m.max(1), n.max(1), k.max(1), batch.max(1));
+        let tm = p.gemm_tile_m as u64;
+        let tn = p.gemm_tile_n as u64;
+        let tiles_m = m.div_ceil(tm);
+        let tiles_n = n.div_ceil(tn);
+        let padding = (m as f64 / (tiles_m * tm) as f64) * (n as f64 / (tiles_n * tn) as f64);
+        let tiles = tiles_m as f64 * tiles_n as f64 * batch as f64;
+        let fill = (tiles / p.sm_count as f64).min(1.0);
+        let k = k as f64;
+        let k_eff = k / (k + p.gemm_k_overhead);
+        eff_max * padding * fill * k_eff
+    }
+
+    /// Efficiency of a fused-attention kernel (fraction of the dense BF16 peak); in (0, 1].
+    ///
+    /// `eff_max(fwd|bwd) * fill * seq_factor * head_factor`:
+    /// * `fill = min(1, blocks / sm_count)`, blocks = `batch * heads * ceil(seq / attn_block)`
+    ///   over queries in the forward pass and over keys in the backward pass (FlashAttention-2
+    ///   parallelizes the backward over key blocks);
+    /// * `seq_factor = L / (L + attn_seq_half)` with `L` the average number of keys a query
+    ///   attends to (`seq_kv`, times the causal fraction under a causal mask);
+    /// * `head_factor = min(1, (d / (d + half)) / (ref / (ref + half)))`.
+    ///
+    /// Memory-bound and non-attention work return 1.
+    pub fn attention_efficiency(&self, work: &Work) -> f64 {
+        let p = &self.params;
+        let Work::Attention {
+            batch,
+            heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            causal,
+            backward,
+        } = *work
+        else {
+            return 1.0;
+        };
+        let (batch, heads, seq_q, seq_kv, head_dim) = (
+            batch.max(1),
+            heads.max(1),
+            seq_q.max(1),
+            seq_kv.max(1),
+            head_dim.max(1),
+        );
+        let eff_max = if backward {
+            p.attn_bwd_eff_max
+        } else {
+            p.attn_fwd_eff_max
+        };
+        let par_seq = if backward { seq_kv } else { seq_q };
+        let blocks = batch as f64 * heads as f64 * par_seq.div_ceil(p.attn_block as u64) as f64;
+        let fill = (blocks / p.sm_count as f64).min(1.0);
+        let keys = if causal {
+            seq_kv as f64 * causal_fraction(seq_q, seq_kv)
+        } else {
+            seq_kv as f64
+        };
+        let seq_factor = keys / (keys + p.attn_seq_half);
+        let d = head_dim as f64;
+        let r = p.attn_head_dim_ref;
+        let half = p.attn_head_dim_half;
+        let head_factor = ((d / (d + half)) / (r / (r + half))).min(1.0);
+        eff_max * fill * seq_factor * head_factor
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::fixtures::small_job;
+
+    fn h100_job() -> Job {
+        small_job(1, 1, 1, 8)
+    }
+
+    fn gemm(m: u64, n: u64, k: u64) -> ComputeOp {
+        ComputeOp {
+            name: "fc1_fwd",
+            class: OpClass::Gemm,
+            work: Work::Gemm { m, n, k, batch: 1 },
+            recompute: false,
+        }
+    }
+
+    fn model(job: &Job) -> ComputeModel {
+        ComputeModel::new(job, ComputeParams::for_gpu(&job.cluster.gpu), None)
+    }
+
+    #[test]
+    fn for_gpu_picks_generation() {
+        let mut gpu = h100_job().cluster.gpu;
+        assert_eq!(ComputeParams::for_gpu(&gpu), ComputeParams::h100());
+        gpu.name = "A100-SXM4-80GB".into();
+        assert_eq!(ComputeParams::for_gpu(&gpu), ComputeParams::a100());
+        gpu.name = "NVIDIA B200".into();
+        assert_eq!(ComputeParams::for_gpu(&gpu), ComputeParams::b200());
+        gpu.name = "mystery".into();
+        gpu.peak_tflops_bf16 = 312.0;
+        assert_eq!(ComputeParams::for_gpu(&gpu), ComputeParams::a100());
+        gpu.peak_tflops_bf16 = 2250.0;
+        assert_eq!(ComputeParams::for_gpu(&gpu), ComputeParams::b200());
+        for p in [
+            ComputeParams::a100(),
+            ComputeParams::h100(),
+            ComputeParams::h200(),
+            ComputeParams::b200(),
+        ] {
+            p.validate().unwrap();
+        }
+        let bad = ComputeParams {
+            mem_eff: 1.5,
+            ..ComputeParams::h100()
+        };
+        assert!(bad.validate().unwrap_err().contains("mem_eff"));
+    }
+
+    #[test]
+    fn huge_square_gemm_reaches_eff_max() {
+        let job = h100_job();
+        let cm = model(&job);
+        let n = 65536u64;
+        let t = cm.time_s(&gemm(n, n, n));
+        let ideal = 2.0 * (n as f64).powi(3) / (989e12 * 0.80);
+        assert!((t / ideal - 1.0).abs() < 0.01, "t = {t}, ideal = {ideal}");
+        assert!(t >= ideal);
+    }
+
+    #[test]
+    fn gemm_time_is_roofline_of_gemm_efficiency() {
+        let job = h100_job();
+        let cm = model(&job);
+        for (m, n, k) in [
+            (1, 1, 1),
+            (8192, 2304, 16384),
+            (4096, 128, 64),
+            (300, 7000, 5000),
+        ] {
+            let w = Work::Gemm { m, n, k, batch: 1 };
+            let compute = w.flops() / (989e12 * cm.gemm_efficiency(m, n, k));
+            let memory = w.bytes(2.0) / (3.35e12 * 0.85);
+            let expect = compute.max(memory) + 4e-6;
+            assert!(
+                (cm.time_s(&gemm(m, n, k)) / expect - 1.0).abs() < 1e-12,
+                "{m}x{n}x{k}"
+            );
+        }
+        // Tiny GEMMs are memory- or overhead-bound, large ones compute-bound.
+        let w = Work::Gemm {
+            m: 8192,
+            n: 8192,
+            k: 8192,
+            batch: 1,
+        };
+        assert!(
+            w.flops() / (989e12 * cm.gemm_efficiency(8192, 8192, 8192)) > w.bytes(2.0) / 2.8e12
+        );
+    }
+
+    #[test]
+    fn memory_op_is_exact_roofline() {
+        let job = h100_job();
+        let cm = model(&job);
+        let bytes = 1u64 << 30;
+        let op = ComputeOp {
+            name: "rmsnorm_fwd",
+            class: OpClass::Norm,
+            work: Work::Memory { bytes },
+            recompute: false,
+        };
+        let expect = bytes as f64 / (3.35e12 * 0.85) + 4e-6;
+        assert_eq!(cm.time_s(&op), expect);
+        assert_eq!(cm.time_ps(&op), ps_from_s(expect));
+    }
+
+    #[test]
+    fn zero_work_costs_the_launch_overhead() {
+        let job = h100_job();
+        let cm = model(&job);
+        let op = ComputeOp {
+            name: "x",
+            class: OpClass::Elementwise,
+            work: Work::Memory { bytes: 0 },
+            recompute: false,
+        };
+        assert_eq!(cm.time_ps(&op), 4_000_000);
+        assert_eq!(cm.time_s(&gemm(0, 0, 0)), 4e-6);
+        let no_overhead = ComputeParams {
+            launch_overhead_s: 0.0,
+            ..ComputeParams::h100()
+        };
+        let cm = ComputeModel::new(&job, no_overhead, None);
+        assert!(cm.time_ps(&gemm(1, 1, 1)) >= 1);
+    }
+
+    #[test]
+    fn gemm_efficiency_bounds_and_monotone_on_tile_multiples() {
+        let job = h100_job();
+        let cm = model(&job);
+        let dims: Vec<u64> = (1..=40)
+            .map(|i| i * 128)
+            .chain([8192, 16384, 53248])
+            .collect();
+        let dims_n: Vec<u64> = (1..=40)
+            .map(|i| i * 256)
+            .chain([8192, 16384, 53248])
+            .collect();
+        for &m in &dims {
+            for &n in &dims_n {
+                for k in [64u64, 256, 1024, 4096, 16384] {
+                    let e = cm.gemm_efficiency(m, n, k);
+                    assert!(e > 0.0 && e <= 1.0);
+                    assert!(cm.gemm_efficiency(m + 128, n, k) >= e);
+                    assert!(cm.gemm_efficiency(m, n + 256, k) >= e);
+                    assert!(cm.gemm_efficiency(m, n, k + 1) >= e);
+                }
+            }
+        }
+        // Arbitrary (non-multiple) shapes stay in (0, 1].
+        for (m, n, k) in [
+            (1, 1, 1),
+            (7, 13, 3),
+            (8191, 1, 100000),
+            (u32::MAX as u64, 3, 5),
+        ] {
+            let e = cm.gemm_efficiency(m, n, k);
+            assert!(e > 0.0 && e <= 1.0, "{m}x{n}x{k}: {e}");
+        }
+    }
+
+    #[test]
+    fn bigger_gemm_is_never_faster() {
+        let job = h100_job();
+        let cm = model(&job);
+        let dims = [
+            1u64, 7, 64, 127, 128, 129, 255, 256, 1000, 1024, 2304, 4096, 8192, 16896,
+        ];
+        for &m in &dims {
+            for &n in &dims {
+                for &k in &dims {
+                    let t = cm.time_s(&gemm(m, n, k));
+                    for (dm, dn, dk) in [(1, 0, 0), (0, 1, 0), (0, 0, 1), (128, 0, 0), (0, 256, 0)]
+                    {
+                        let t2 = cm.time_s(&gemm(m + dm, n + dn, k + dk));
+                        assert!(t2 >= t, "{m}x{n}x{k} + ({dm},{dn},{dk}): {t2} < {t}");
+                    }
+                }
+            }
+        }
+        // Batched: more GEMMs never faster.
+        let b = |batch| ComputeOp {
+            name: "expert_fc1_fwd",
+            class: OpClass::Gemm,
+            work: Work::Gemm {
+                m: 512,
+                n: 1024,
+                k: 4096,
+                batch,
+            },
+            recompute: false,
+        };
+        for batch in 1..40 {
+            assert!(cm.time_s(&b(batch + 1)) >= cm.time_s(&b(batch)));
+        }
+    }
+
+    #[test]
+    fn higher_peak_is_never_slower() {
+        let job = h100_job();
+        let mut fast = job.clone();
+        fast.cluster.gpu.peak_tflops_bf16 *= 1.5;
+        fast.cluster.gpu.hbm_tbps *= 1.2;
+        let slow = model(&job);
+        // Same parameters for both, so only the peaks differ.
+        let quick = ComputeModel::new(&fast, ComputeParams::h100(), None);
+        let attn = |backward, causal| ComputeOp {
+            name: "attn",
+            class: OpClass::Attention,
+            work: Work::Attention {
+                batch: 1,
+                heads: 16,
+                seq_q: 4096,
+                seq_kv: 4096,
+                head_dim: 128,
+                causal,
+                backward,
+            },
+            recompute: false,
+        };
+        let mem = ComputeOp {
+            name: "add",
+            class: OpClass::Elementwise,
+            work: Work::Memory { bytes: 12345678 },
+            recompute: false,
+        };
+        let mut ops = vec![mem, attn(false, true), attn(true, true), attn(false, false)];
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (8192, 2304, 16384),
+            (128, 256, 64),
+            (2048, 50000, 1024),
+        ] {
+            ops.push(gemm(m, n, k));
+        }
+        for op in &ops {
+            assert!(quick.time_s(op) <= slow.time_s(op), "{op:?}");
+        }
+    }
+
+    #[test]
+    fn table_override_wins() {
+        let job = h100_job();
+        let op = gemm(4096, 4096, 4096);
+        let mut table = KernelTable::new();
+        table.insert("fc1_fwd", "4096x4096x4096", "bf16", 1.5e-3);
+        table.insert("fc1_fwd", "4096x4096x4096", "fp8", 0.5e-3);
+        table.insert("fc2_fwd", "4096x4096x4096", "bf16", 9.0);
+        assert_eq!(table.len(), 3);
+        let cm = ComputeModel::new(&job, ComputeParams::h100(), Some(table.clone()));
+        assert_eq!(cm.time_s(&op), 1.5e-3 + 4e-6);
+        // A shape missing from the table falls back to the roofline.
+        assert_eq!(
+            cm.time_s(&gemm(4096, 4096, 2048)),
+            model(&job).time_s(&gemm(4096, 4096, 2048))
+        );
+        let mut f8 = job.clone();
+        f8.training.precision = Precision::Fp8;
+        let cm = ComputeModel::new(&f8, ComputeParams::h100(), Some(table));
+        assert_eq!(cm.time_s(&op), 0.5e-3 + 4e-6);
+    }
+
+    #[test]
+    fn fp8_gemm_is_faster_on_h100_but_attention_is_not() {
+        let job = h100_job();
+        let mut f8 = job.clone();
+        f8.training.precision = Precision::Fp8;
+        let bf = model(&job);
+        let f8m = model(&f8);
+        let op = gemm(8192, 8192, 8192);
+        assert!(f8m.time_s(&op) < bf.time_s(&op));
+        assert!(f8m.time_s(&op) < 0.6 * bf.time_s(&op));
+        let attn = ComputeOp {
+            name: "attn_fwd",
+            class: OpClass::Attention,
+            work: Work::Attention {
+                batch: 1,
+                heads: 8,
+                seq_q: 8192,
+                seq_kv: 8192,
+                head_dim: 128,
+                causal: true,
+                backward: false,
+            },
+            recompute: false,
+        };
+        assert_eq!(f8m.time_s(&attn), bf.time_s(&attn));
+        // A router GEMM stays BF16.
+        let router = ComputeOp {
+            class: OpClass::Router,
+            ..op
+        };
+        assert_eq!(f8m.time_s(&router), bf.time_s(&router));
+    }
+
+    #[test]
+    fn attention_efficiency_shape() {
+        let job = h100_job();
+        let cm = model(&job);
+        let w = |seq: u64, d: u64, causal, backward| Work::Attention {
+            batch: 1,
+            heads: 64,
+            seq_q: seq,
+            seq_kv: seq,
+            head_dim: d,
+            causal,
+            backward,
+        };
+        // Long non-causal, head dim 128: close to the ceiling.
+        let e = cm.attention_efficiency(&w(65536, 128, false, false));
+        assert!((e / 0.55 - 1.0).abs() < 0.01, "{e}");
+        // Saturating in sequence length, lower for causal, backward and narrow heads.
+        let mut prev = 0.0;
+        for s in [256, 512, 1024, 2048, 4096, 8192, 16384] {
+            let e = cm.attention_efficiency(&w(s, 128, true, false));
+            assert!(e > prev && e < 0.55);
+            assert!(e < cm.attention_efficiency(&w(s, 128, false, false)));
+            assert!(cm.attention_efficiency(&w(s, 128, true, true)) < e);
+            assert!(cm.attention_efficiency(&w(s, 64, true, false)) < e);
+            prev = e;
+        }
+        assert_eq!(
+            cm.attention_efficiency(&w(4096, 256, false, false)),
+            cm.attention_efficiency(&w(4096, 128, false, false))
+        );
+    }
+
+    #[test]
+    fn attention_time_is_roofline() {
+        let job = h100_job();
+        let cm = model(&job);
+        let work = Work::Attention {
+            batch: 1,
+            heads: 16,
+            seq_q: 8192,
+            seq_kv: 8192,
+            head_dim: 128,
+            causal: true,
+            backward: true,
+        };
+        let op = ComputeOp {
+            name: "attn_bwd",
+            class: OpClass::Attention,
+            work,
+            recompute: false,
+        };
+        let expect = work.flops() / (989e12 * cm.attention_efficiency(&work)) + 4e-6;
+        assert!((cm.time_s(&op) / expect - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn shape_keys() {
+        assert_eq!(
+            shape_key(&Work::Gemm {
+                m: 8192,
+                n: 2304,
+                k: 16384,
+                batch: 1
+            }),
+            "8192x2304x16384"
+        );
+        assert_eq!(
+            shape_key(&Work::Gemm {
+                m: 512,
+                n: 64,
+                k: 32,
+                batch: 8
+            }),
+            "8x512x64x32"
+        );
+        assert_eq!(
+            shape_key(&Work::Attention {
+                batch: 1,
+                heads: 16,
+                seq_q: 4096,
+                seq_kv: 8192,
+                head_dim: 128,
+                causal: true,
+                backward: false
+            }),
+            "b1h16q4096k8192d128c"
+        );
+        assert_eq!(shape_key(&Work::Memory { bytes: 1024 }), "1024B");
+    }
+
+    #[test]
+    fn table_lookup_and_iteration() {
+        let mut t = KernelTable::new();
+        assert!(t.is_empty());
+        t.insert("b", "1B", "bf16", 2.0);
+        t.insert("a", "1B", "bf16", 1.0);
+        t.insert("a", "1B", "fp8", 3.0);
+        t.insert("a", "1B", "bf16", 4.0);
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.get("a", "1B", "bf16"), Some(4.0));
+        assert_eq!(t.get("a", "1B", "fp8"), Some(3.0));
+        assert_eq!(t.get("a", "2B", "bf16"), None);
+        assert_eq!(t.get("c", "1B", "bf16"), None);
+        let v: Vec<_> = t.iter().collect();
+        assert_eq!(
+            v,
+            vec![
+                ("a", "1B", "bf16", 4.0),
+                ("a", "1B", "fp8", 3.0),
+                ("b", "1B", "bf16", 2.0)
+            ]
+        );
+    }
+}
