@@ -20,7 +20,6 @@
 //! - [`Mode::Slice`]: the requested ranks are the representatives of their stages (PrismLLM's
 //!   real ranks) and every other rank is replayed as a virtual participant of its class.
 
-
 use crate::cost::comm::{self, CommParams, CommPlan, GroupShape};
 use crate::cost::compute::{ComputeModel, ComputeParams, KernelTable};
 use crate::graph::{ExecutionGraph, NUM_STREAMS, OpKind, Program, Stream};
@@ -142,7 +141,11 @@ struct EventQueue {
 
 impl EventQueue {
     fn new() -> Self {
-        EventQueue { now: 0, current: Default::default(), later: radix_heap::RadixHeapMap::new() }
+        EventQueue {
+            now: 0,
+            current: Default::default(),
+            later: radix_heap::RadixHeapMap::new(),
+        }
     }
 
     fn push(&mut self, time: SimTime, ev: Event) {
@@ -172,8 +175,17 @@ impl EventQueue {
 
 #[derive(Clone, Copy, Debug)]
 enum Owner {
-    Coll { kind: u8, id: u32, min_end: SimTime, latency: SimTime },
-    Send { inst: u32, min_end: SimTime, latency: SimTime },
+    Coll {
+        kind: u8,
+        id: u32,
+        min_end: SimTime,
+        latency: SimTime,
+    },
+    Send {
+        inst: u32,
+        min_end: SimTime,
+        latency: SimTime,
+    },
 }
 
 const NOT_YET: SimTime = SimTime::MAX;
@@ -215,7 +227,9 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     }
     let compute = ComputeModel::new(
         job,
-        opts.compute.clone().unwrap_or_else(|| ComputeParams::for_gpu(&job.cluster.gpu)),
+        opts.compute
+            .clone()
+            .unwrap_or_else(|| ComputeParams::for_gpu(&job.cluster.gpu)),
         opts.kernel_table.clone(),
     );
     let nic_bps = comm::nic_bytes_per_s(&job.cluster, &opts.comm);
@@ -250,8 +264,14 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
         let mut out = Vec::new();
         for &r in wanted {
             let stage = layout.coord(r).pp;
-            let rep = ranks.iter().find(|t| layout.coord(t.rank).pp == stage).expect("stage rep");
-            out.push(RankTiming { rank: r, ..rep.clone() });
+            let rep = ranks
+                .iter()
+                .find(|t| layout.coord(t.rank).pp == stage)
+                .expect("stage rep");
+            out.push(RankTiming {
+                rank: r,
+                ..rep.clone()
+            });
         }
         out.sort_by_key(|t| t.rank);
         out.dedup_by_key(|t| t.rank);
@@ -259,7 +279,13 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     }
     let timelines = sim.timelines;
     let events = sim.events;
-    Ok(SimResult { summary, ranks, timelines, graph, events })
+    Ok(SimResult {
+        summary,
+        ranks,
+        timelines,
+        graph,
+        events,
+    })
 }
 
 /// Checks that every rank of a pipeline stage sees the same network: every group of a kind has
@@ -286,7 +312,11 @@ pub fn symmetry_check(job: &Job, layout: &Layout, fabric: &Fabric) -> Result<(),
         let mut per_type: [Option<u32>; 4] = [None; 4];
         let nic_links = 2 * layout.num_ranks();
         for &(l, c) in &links {
-            let t = if l < nic_links { (l % 2) as usize } else { 2 + (l % 2) as usize };
+            let t = if l < nic_links {
+                (l % 2) as usize
+            } else {
+                2 + (l % 2) as usize
+            };
             match per_type[t] {
                 None => per_type[t] = Some(c),
                 Some(x) if x == c => {}
@@ -320,8 +350,12 @@ enum FlowClass {
 impl FlowClass {
     fn describe(&self) -> String {
         match self {
-            FlowClass::Group { kind, stage } => format!("the {kind:?} collectives of stage {stage}"),
-            FlowClass::Send { stage, delta } => format!("the sends of stage {stage} (direction {delta})"),
+            FlowClass::Group { kind, stage } => {
+                format!("the {kind:?} collectives of stage {stage}")
+            }
+            FlowClass::Send { stage, delta } => {
+                format!("the sends of stage {stage} (direction {delta})")
+            }
         }
     }
 
@@ -331,7 +365,13 @@ impl FlowClass {
         let mut counts: Vec<usize> = Vec::new();
         let mut buf = Vec::new();
         for_each_copy(layout, fabric, self, &mut buf, |links| {
-            counts.push(links.iter().filter(|&&(l, _)| l >= nic_links).map(|&(_, c)| c as usize).sum());
+            counts.push(
+                links
+                    .iter()
+                    .filter(|&&(l, _)| l >= nic_links)
+                    .map(|&(_, c)| c as usize)
+                    .sum(),
+            );
         });
         counts.windows(2).any(|w| w[0] != w[1])
     }
@@ -395,7 +435,9 @@ fn for_each_copy(
 
 fn class_links(layout: &Layout, fabric: &Fabric, class: &FlowClass, out: &mut Vec<(LinkId, u32)>) {
     let mut buf = Vec::new();
-    for_each_copy(layout, fabric, class, &mut buf, |links| out.extend_from_slice(links));
+    for_each_copy(layout, fabric, class, &mut buf, |links| {
+        out.extend_from_slice(links)
+    });
     normalize(out);
 }
 
@@ -408,7 +450,10 @@ fn group_links(fabric: &Fabric, kind: GroupKind, members: &[u32], out: &mut Vec<
 }
 
 fn group_shape(layout: &Layout, kind: GroupKind, group: u32) -> GroupShape {
-    let mut nodes: Vec<u32> = layout.members(kind, group).map(|r| layout.node(r)).collect();
+    let mut nodes: Vec<u32> = layout
+        .members(kind, group)
+        .map(|r| layout.node(r))
+        .collect();
     let ranks = nodes.len() as u32;
     nodes.sort_unstable();
     let mut per_node = 0u32;
@@ -420,7 +465,11 @@ fn group_shape(layout: &Layout, kind: GroupKind, group: u32) -> GroupShape {
         distinct += 1;
         i += j;
     }
-    GroupShape { ranks, nodes: distinct, per_node }
+    GroupShape {
+        ranks,
+        nodes: distinct,
+        per_node,
+    }
 }
 
 struct Sim<'a> {
@@ -437,8 +486,8 @@ struct Sim<'a> {
     mail: Vec<(SimTime, SimTime)>,
     groups: Vec<GroupState>,
     shapes: Vec<Vec<Option<GroupShape>>>,
-    links_cache: Vec<Vec<Option<Vec<(LinkId, u32)>>>>,
-    send_links_cache: Vec<Option<Vec<(LinkId, u32)>>>,
+    links_cache: Vec<Vec<Option<Links>>>,
+    send_links_cache: Vec<Option<Links>>,
     fabric: Fabric,
     net: Network,
     owners: Vec<Option<Owner>>,
@@ -450,6 +499,9 @@ struct Sim<'a> {
     timelines: Vec<RankTimeline>,
     remaining_ops: u64,
 }
+
+/// Link usages of one flow.
+type Links = Vec<(LinkId, u32)>;
 
 fn kind_index(kind: GroupKind) -> usize {
     GROUP_KINDS.iter().position(|&k| k == kind).expect("kind")
@@ -487,7 +539,10 @@ impl<'a> Sim<'a> {
             let prog = layout.coord(r).pp;
             let p = &graph.programs[prog as usize];
             let record = if opts.record_ranks.contains(&r) {
-                timelines.push(RankTimeline { rank: r, ops: Vec::new() });
+                timelines.push(RankTimeline {
+                    rank: r,
+                    ops: Vec::new(),
+                });
                 Some(timelines.len() - 1)
             } else {
                 None
@@ -502,7 +557,10 @@ impl<'a> Sim<'a> {
                 mailbox,
                 recv_wait: WAIT_NONE,
                 last_compute_end: 0,
-                timing: RankTiming { rank: r, ..RankTiming::default() },
+                timing: RankTiming {
+                    rank: r,
+                    ..RankTiming::default()
+                },
                 record,
             });
             mailbox += p.recv_slots;
@@ -517,7 +575,11 @@ impl<'a> Sim<'a> {
         let groups = GROUP_KINDS
             .iter()
             .map(|&k| {
-                let count = if full { layout.group_count(k) as usize } else { 0 };
+                let count = if full {
+                    layout.group_count(k) as usize
+                } else {
+                    0
+                };
                 GroupState {
                     arrived: vec![0; count],
                     start: vec![0; count],
@@ -525,10 +587,22 @@ impl<'a> Sim<'a> {
                 }
             })
             .collect();
-        let shapes = GROUP_KINDS.iter().map(|&k| vec![None; layout.group_count(k) as usize]).collect();
+        let shapes = GROUP_KINDS
+            .iter()
+            .map(|&k| vec![None; layout.group_count(k) as usize])
+            .collect();
         let links_cache = GROUP_KINDS
             .iter()
-            .map(|&k| vec![None; if full { layout.group_count(k) as usize } else { layout.pp as usize }])
+            .map(|&k| {
+                vec![
+                    None;
+                    if full {
+                        layout.group_count(k) as usize
+                    } else {
+                        layout.pp as usize
+                    }
+                ]
+            })
             .collect();
         let net = Network::new(fabric.capacity.clone());
         Sim {
@@ -576,7 +650,9 @@ impl<'a> Sim<'a> {
             if self.net.needs_settle() && self.queue.instant_done() {
                 self.settle();
             }
-            let Some((t, ev)) = self.queue.pop() else { break };
+            let Some((t, ev)) = self.queue.pop() else {
+                break;
+            };
             debug_assert!(t >= self.now);
             self.now = t;
             self.events += 1;
@@ -594,7 +670,13 @@ impl<'a> Sim<'a> {
         self.net.settle(self.now, &mut ends);
         for e in &ends {
             debug_assert!(e.time > self.now);
-            self.push(e.time, Event::Flow { flow: e.flow, generation: e.generation });
+            self.push(
+                e.time,
+                Event::Flow {
+                    flow: e.flow,
+                    generation: e.generation,
+                },
+            );
         }
         self.flow_ends = ends;
     }
@@ -613,7 +695,11 @@ impl<'a> Sim<'a> {
                 }
             }
         }
-        SimError::Deadlock { rank: 0, stream: "?", detail: "unknown".into() }
+        SimError::Deadlock {
+            rank: 0,
+            stream: "?",
+            detail: "unknown".into(),
+        }
     }
 
     fn handle(&mut self, ev: Event) {
@@ -645,18 +731,31 @@ impl<'a> Sim<'a> {
                 self.advance(inst);
             }
             Event::Flow { flow, generation } => {
-                let end = FlowEnd { flow, generation, time: self.now };
+                let end = FlowEnd {
+                    flow,
+                    generation,
+                    time: self.now,
+                };
                 if !self.net.is_current(&end) {
                     return;
                 }
                 self.net.finish(flow);
                 let owner = self.owners[flow as usize].take().expect("flow owner");
                 match owner {
-                    Owner::Coll { kind, id, min_end, latency } => {
+                    Owner::Coll {
+                        kind,
+                        id,
+                        min_end,
+                        latency,
+                    } => {
                         let t = self.now.max(min_end) + latency;
                         self.push(t, Event::CollDone { kind, id });
                     }
-                    Owner::Send { inst, min_end, latency } => {
+                    Owner::Send {
+                        inst,
+                        min_end,
+                        latency,
+                    } => {
                         let t = self.now.max(min_end) + latency;
                         self.push(t, Event::SendDone { inst });
                     }
@@ -670,10 +769,16 @@ impl<'a> Sim<'a> {
         let p = self.program(inst);
         let i = &self.insts[inst as usize];
         let op = p.stream_ops[Stream::PpSend as usize][i.pc[Stream::PpSend as usize] as usize];
-        let OpKind::Send { delta, slot, .. } = p.kind[op as usize] else { unreachable!("send op") };
+        let OpKind::Send { delta, slot, .. } = p.kind[op as usize] else {
+            unreachable!("send op")
+        };
         let sent_at = i.started[Stream::PpSend as usize];
         let peer = wrap_peer(&self.layout, i.rank, delta);
-        let target = if self.full { self.inst_of[peer as usize] } else { self.inst_of[self.layout.coord(peer).pp as usize] };
+        let target = if self.full {
+            self.inst_of[peer as usize]
+        } else {
+            self.inst_of[self.layout.coord(peer).pp as usize]
+        };
         let t = &self.insts[target as usize];
         let idx = (t.mailbox + slot) as usize;
         debug_assert_eq!(self.mail[idx].0, NOT_YET, "mailbox slot filled twice");
@@ -700,7 +805,11 @@ impl<'a> Sim<'a> {
         }
         if let Some(rec) = i.record {
             let s = start.unwrap_or(i.started[stream]).max(i.started[stream]);
-            self.timelines[rec].ops.push(crate::engine::OpRecord { op, start: s.min(now), end: now });
+            self.timelines[rec].ops.push(crate::engine::OpRecord {
+                op,
+                start: s.min(now),
+                end: now,
+            });
         }
         self.remaining_ops -= 1;
     }
@@ -752,10 +861,20 @@ impl<'a> Sim<'a> {
             OpKind::Compute(_) => {
                 self.account_gap(inst, blocker, op);
                 let end = self.run_kernels(inst, op);
-                self.push(end, Event::OpDone { inst, stream: s as u8 });
+                self.push(
+                    end,
+                    Event::OpDone {
+                        inst,
+                        stream: s as u8,
+                    },
+                );
                 false
             }
-            OpKind::Collective { group, op: coll, bytes } => {
+            OpKind::Collective {
+                group,
+                op: coll,
+                bytes,
+            } => {
                 self.arrive(inst, group, coll, bytes);
                 false
             }
@@ -792,10 +911,10 @@ impl<'a> Sim<'a> {
             let dur = durations[op as usize];
             let secs = dur as f64 * 1e-12;
             i.timing.compute_s += secs;
-            if let OpKind::Compute(c) = p.kind[op as usize] {
-                if c.class == OpClass::Gemm {
-                    i.timing.gemm_s += secs;
-                }
+            if let OpKind::Compute(c) = p.kind[op as usize]
+                && c.class == OpClass::Gemm
+            {
+                i.timing.gemm_s += secs;
             }
             let end = start + dur;
             let next_pos = p.pos[op as usize] as usize + 1;
@@ -804,7 +923,10 @@ impl<'a> Sim<'a> {
                 return end;
             }
             let next = compute_ops[next_pos];
-            let ready = p.deps_of(next).iter().all(|&d| i.pc[p.stream[d as usize] as usize] > p.pos[d as usize]);
+            let ready = p
+                .deps_of(next)
+                .iter()
+                .all(|&d| i.pc[p.stream[d as usize] as usize] > p.pos[d as usize]);
             if !ready {
                 i.started[Stream::Compute as usize] = start;
                 return end;
@@ -840,13 +962,19 @@ impl<'a> Sim<'a> {
             Some(Stream::PpRecv) => {
                 // The wait splits into the transfer itself (exposed PP communication) and the
                 // time the sender was still computing (pipeline bubble).
-                let recv_op = p.deps_of(op).iter().copied().find(|&d| p.stream[d as usize] == Stream::PpRecv);
+                let recv_op = p
+                    .deps_of(op)
+                    .iter()
+                    .copied()
+                    .find(|&d| p.stream[d as usize] == Stream::PpRecv);
                 let transfer = recv_op
                     .and_then(|r| match p.kind[r as usize] {
                         OpKind::Recv { slot } => Some(self.mail[(i.mailbox + slot) as usize]),
                         _ => None,
                     })
-                    .map_or(0, |(arrive, sent)| arrive.saturating_sub(sent.max(i.last_compute_end)));
+                    .map_or(0, |(arrive, sent)| {
+                        arrive.saturating_sub(sent.max(i.last_compute_end))
+                    });
                 let t = transfer.min(gap);
                 b.pp_s += t as f64 * 1e-12;
                 b.bubble_s += (gap - t) as f64 * 1e-12;
@@ -888,11 +1016,18 @@ impl<'a> Sim<'a> {
             return;
         }
         if plan.nic_bytes == 0 {
-            self.push(self.now + plan.latency_ps + plan.nvlink_ps, Event::CollDone { kind: k as u8, id });
+            self.push(
+                self.now + plan.latency_ps + plan.nvlink_ps,
+                Event::CollDone { kind: k as u8, id },
+            );
             return;
         }
         // Links: the group's own (full) or those of all its symmetric copies (reduced).
-        let key = if self.full { group as usize } else { self.layout.coord(rank).pp as usize };
+        let key = if self.full {
+            group as usize
+        } else {
+            self.layout.coord(rank).pp as usize
+        };
         if self.links_cache[k][key].is_none() {
             let mut links = Vec::new();
             if self.full {
@@ -900,12 +1035,22 @@ impl<'a> Sim<'a> {
                 group_links(&self.fabric, kind, &members, &mut links);
             } else {
                 let stage = self.layout.coord(rank).pp;
-                class_links(&self.layout, &self.fabric, &FlowClass::Group { kind, stage }, &mut links);
+                class_links(
+                    &self.layout,
+                    &self.fabric,
+                    &FlowClass::Group { kind, stage },
+                    &mut links,
+                );
             }
             self.links_cache[k][key] = Some(links);
         }
         let links = self.links_cache[k][key].as_deref().expect("cached");
-        let owner = Owner::Coll { kind: k as u8, id, min_end: self.now + plan.nvlink_ps, latency: plan.latency_ps };
+        let owner = Owner::Coll {
+            kind: k as u8,
+            id,
+            min_end: self.now + plan.nvlink_ps,
+            latency: plan.latency_ps,
+        };
         self.add_flow(links.to_vec().as_slice(), plan, owner);
     }
 
@@ -927,10 +1072,17 @@ impl<'a> Sim<'a> {
             return;
         }
         if plan.nic_bytes == 0 {
-            self.push(self.now + plan.latency_ps + plan.nvlink_ps, Event::SendDone { inst });
+            self.push(
+                self.now + plan.latency_ps + plan.nvlink_ps,
+                Event::SendDone { inst },
+            );
             return;
         }
-        let owner = Owner::Send { inst, min_end: self.now, latency: plan.latency_ps };
+        let owner = Owner::Send {
+            inst,
+            min_end: self.now,
+            latency: plan.latency_ps,
+        };
         if self.full {
             let mut links = std::mem::take(&mut self.scratch_links);
             links.clear();
@@ -942,7 +1094,12 @@ impl<'a> Sim<'a> {
             let key = 2 * stage as usize + (delta > 0) as usize;
             if self.send_links_cache[key].is_none() {
                 let mut links = Vec::new();
-                class_links(&self.layout, &self.fabric, &FlowClass::Send { stage, delta }, &mut links);
+                class_links(
+                    &self.layout,
+                    &self.fabric,
+                    &FlowClass::Send { stage, delta },
+                    &mut links,
+                );
                 self.send_links_cache[key] = Some(links);
             }
             let links = self.send_links_cache[key].clone().expect("cached");
@@ -951,7 +1108,12 @@ impl<'a> Sim<'a> {
     }
 
     fn finish(&mut self, job: &Job) -> (Summary, Vec<RankTiming>) {
-        let iteration_ps = self.insts.iter().map(|i| *i.last_done.iter().max().unwrap_or(&0)).max().unwrap_or(0);
+        let iteration_ps = self
+            .insts
+            .iter()
+            .map(|i| *i.last_done.iter().max().unwrap_or(&0))
+            .max()
+            .unwrap_or(0);
         let t = iteration_ps as f64 * 1e-12;
         let mut ranks = Vec::with_capacity(self.insts.len());
         for i in &mut self.insts {

@@ -142,6 +142,7 @@ mod tests {
             activation: Activation::Gelu,
             moe: None,
             tied_embeddings: true,
+            dropout: true,
         };
         job.parallel.recompute = recompute;
         job.validate().unwrap();
@@ -217,6 +218,7 @@ mod tests {
             activation: Activation::SwiGlu,
             moe: None,
             tied_embeddings: false,
+            dropout: true,
         };
         job.parallel.first_stage_layers = Some(7);
         job.parallel.last_stage_layers = Some(7);

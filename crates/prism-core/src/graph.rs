@@ -200,7 +200,9 @@ impl Program {
         self.tag.push(tag);
         self.has_dependents.push(false);
         for &d in deps {
-            if self.stream[d as usize] != stream && !self.deps[self.dep_off[id as usize] as usize..].contains(&d) {
+            if self.stream[d as usize] != stream
+                && !self.deps[self.dep_off[id as usize] as usize..].contains(&d)
+            {
                 self.deps.push(d);
                 self.has_dependents[d as usize] = true;
             }
@@ -247,15 +249,18 @@ impl ExecutionGraph {
         }
         for b in &mut builders {
             for &(op, target_stage, tag) in &b.sends {
-                let slot = *slot_of
-                    .get(&(target_stage, tag))
-                    .unwrap_or_else(|| panic!("send {tag:?} from stage {} has no receiver", b.stage));
+                let slot = *slot_of.get(&(target_stage, tag)).unwrap_or_else(|| {
+                    panic!("send {tag:?} from stage {} has no receiver", b.stage)
+                });
                 if let OpKind::Send { slot: s, .. } = &mut b.prog.kind[op as usize] {
                     *s = slot;
                 }
             }
         }
-        ExecutionGraph { layout, programs: builders.into_iter().map(|b| b.prog).collect() }
+        ExecutionGraph {
+            layout,
+            programs: builders.into_iter().map(|b| b.prog).collect(),
+        }
     }
 }
 
@@ -295,8 +300,16 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
     let mut out = Vec::with_capacity(2 * total as usize);
     match kind {
         Schedule::GPipe => {
-            out.extend((0..m).map(|i| Step { forward: true, micro_batch: i, chunk: 0 }));
-            out.extend((0..m).map(|i| Step { forward: false, micro_batch: i, chunk: 0 }));
+            out.extend((0..m).map(|i| Step {
+                forward: true,
+                micro_batch: i,
+                chunk: 0,
+            }));
+            out.extend((0..m).map(|i| Step {
+                forward: false,
+                micro_batch: i,
+                chunk: 0,
+            }));
         }
         Schedule::OneFOneB | Schedule::Interleaved => {
             let warmup = if v == 1 {
@@ -304,10 +317,19 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
             } else {
                 ((p - stage - 1) * 2 + (v - 1) * p).min(total)
             };
-            let (fwd, bwd): (Box<dyn Fn(u32) -> Step>, Box<dyn Fn(u32) -> Step>) = if v == 1 {
+            type StepFn<'a> = Box<dyn Fn(u32) -> Step + 'a>;
+            let (fwd, bwd): (StepFn, StepFn) = if v == 1 {
                 (
-                    Box::new(|k| Step { forward: true, micro_batch: k, chunk: 0 }),
-                    Box::new(|k| Step { forward: false, micro_batch: k, chunk: 0 }),
+                    Box::new(|k| Step {
+                        forward: true,
+                        micro_batch: k,
+                        chunk: 0,
+                    }),
+                    Box::new(|k| Step {
+                        forward: false,
+                        micro_batch: k,
+                        chunk: 0,
+                    }),
                 )
             } else {
                 (Box::new(fwd), Box::new(bwd))
@@ -371,10 +393,12 @@ impl<'a> StageBuilder<'a> {
         let stage_layers = job.stage_layers();
         let chunk_layers = if v == 1 {
             let start: u32 = stage_layers[..stage as usize].iter().sum();
-            vec![start..start + stage_layers[stage as usize]]
+            std::iter::once(start..start + stage_layers[stage as usize]).collect()
         } else {
             let per = job.model.layers / (p * v);
-            (0..v).map(|c| (c * p + stage) * per..(c * p + stage + 1) * per).collect()
+            (0..v)
+                .map(|c| (c * p + stage) * per..(c * p + stage + 1) * per)
+                .collect()
         };
         StageBuilder {
             job,
@@ -433,13 +457,34 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn tag(phase: Phase, mb: u32, layer: u32) -> OpTag {
-        OpTag { phase, micro_batch: mb, layer }
+        OpTag {
+            phase,
+            micro_batch: mb,
+            layer,
+        }
     }
 
-    fn compute(&mut self, name: &'static str, class: OpClass, work: Work, tag: OpTag, deps: &[u32]) -> u32 {
+    fn compute(
+        &mut self,
+        name: &'static str,
+        class: OpClass,
+        work: Work,
+        tag: OpTag,
+        deps: &[u32],
+    ) -> u32 {
         let deps = self.with_blocking(deps);
         let recompute = tag.phase == Phase::Recompute;
-        self.prog.push(OpKind::Compute(ComputeOp { name, class, work, recompute }), Stream::Compute, tag, &deps)
+        self.prog.push(
+            OpKind::Compute(ComputeOp {
+                name,
+                class,
+                work,
+                recompute,
+            }),
+            Stream::Compute,
+            tag,
+            &deps,
+        )
     }
 
     /// With plain 1F1B, Megatron's P2P is blocking: the next kernel waits for the last send.
@@ -451,7 +496,14 @@ impl<'a> StageBuilder<'a> {
         v
     }
 
-    fn collective(&mut self, group: GroupKind, op: Collective, bytes: u64, tag: OpTag, deps: &[u32]) -> Option<u32> {
+    fn collective(
+        &mut self,
+        group: GroupKind,
+        op: Collective,
+        bytes: u64,
+        tag: OpTag,
+        deps: &[u32],
+    ) -> Option<u32> {
         if self.job_group_size(group) <= 1 || bytes == 0 {
             return None;
         }
@@ -481,17 +533,34 @@ impl<'a> StageBuilder<'a> {
     fn forward_step(&mut self, mb: u32, chunk: u32, _m: u32) {
         let d = self.dims();
         let tag = Self::tag(Phase::Forward, mb, NONE);
-        let mut cur: Option<u32> = None;
+        let mut cur: Option<u32>;
         if self.is_first_chunk(chunk) {
             // Vocab-parallel embedding lookup, then TP reduction (all-reduce, or reduce-scatter with SP).
-            let e = self.compute("embedding_fwd", OpClass::Embedding, Self::mem(2 * d.t * d.h * ACT_BYTES), tag, &[]);
+            let e = self.compute(
+                "embedding_fwd",
+                OpClass::Embedding,
+                Self::mem(2 * d.t * d.h * ACT_BYTES),
+                tag,
+                &[],
+            );
             cur = Some(e);
-            let op = if d.sp { Collective::ReduceScatter } else { Collective::AllReduce };
+            let op = if d.sp {
+                Collective::ReduceScatter
+            } else {
+                Collective::AllReduce
+            };
             if let Some(c) = self.collective(GroupKind::Tp, op, d.t * d.h * ACT_BYTES, tag, &[e]) {
                 cur = Some(c);
             }
         } else {
-            let r = self.recv(MsgTag { backward: false, micro_batch: mb, chunk }, tag);
+            let r = self.recv(
+                MsgTag {
+                    backward: false,
+                    micro_batch: mb,
+                    chunk,
+                },
+                tag,
+            );
             cur = Some(r);
         }
         let layers = self.chunk_layers[chunk as usize].clone();
@@ -510,7 +579,9 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn recv(&mut self, tag: MsgTag, optag: OpTag) -> u32 {
-        let op = self.prog.push(OpKind::Recv { slot: u32::MAX }, Stream::PpRecv, optag, &[]);
+        let op = self
+            .prog
+            .push(OpKind::Recv { slot: u32::MAX }, Stream::PpRecv, optag, &[]);
         self.recvs.push((op, tag));
         op
     }
@@ -523,9 +594,17 @@ impl<'a> StageBuilder<'a> {
         // [t x h] without (Megatron's scatter-gather optimisation sends 1/tp of it and
         // all-gathers over NVLink; we model the SP-sharded size, which is what crosses the NIC).
         let bytes = d.t / d.tp.max(1) * d.h * ACT_BYTES;
-        let bytes = if d.sp { d.t_sp * d.h * ACT_BYTES } else { bytes };
+        let bytes = if d.sp {
+            d.t_sp * d.h * ACT_BYTES
+        } else {
+            bytes
+        };
         let op = self.prog.push(
-            OpKind::Send { delta, bytes, slot: u32::MAX },
+            OpKind::Send {
+                delta,
+                bytes,
+                slot: u32::MAX,
+            },
             Stream::PpSend,
             optag,
             &Self::deps(cur),
@@ -538,14 +617,26 @@ impl<'a> StageBuilder<'a> {
 
     fn send_activation(&mut self, mb: u32, chunk: u32, cur: Option<u32>) {
         let p = self.job.parallel.pp;
-        let next_chunk = if self.stage == p - 1 { chunk + 1 } else { chunk };
-        let tag = MsgTag { backward: false, micro_batch: mb, chunk: next_chunk };
+        let next_chunk = if self.stage == p - 1 {
+            chunk + 1
+        } else {
+            chunk
+        };
+        let tag = MsgTag {
+            backward: false,
+            micro_batch: mb,
+            chunk: next_chunk,
+        };
         self.send(1, tag, Self::tag(Phase::Forward, mb, NONE), cur);
     }
 
     fn send_gradient(&mut self, mb: u32, chunk: u32, cur: Option<u32>) {
         let prev_chunk = if self.stage == 0 { chunk - 1 } else { chunk };
-        let tag = MsgTag { backward: true, micro_batch: mb, chunk: prev_chunk };
+        let tag = MsgTag {
+            backward: true,
+            micro_batch: mb,
+            chunk: prev_chunk,
+        };
         self.send(-1, tag, Self::tag(Phase::Backward, mb, NONE), cur);
     }
 
@@ -554,34 +645,88 @@ impl<'a> StageBuilder<'a> {
         let d = self.dims();
         let m = &self.job.model;
         let tag = Self::tag(phase, mb, layer);
-        let tp_in = if d.sp { Some(Collective::AllGather) } else { None };
+        let tp_in = if d.sp {
+            Some(Collective::AllGather)
+        } else {
+            None
+        };
         let tp_out = if d.tp > 1 {
-            Some(if d.sp { Collective::ReduceScatter } else { Collective::AllReduce })
+            Some(if d.sp {
+                Collective::ReduceScatter
+            } else {
+                Collective::AllReduce
+            })
         } else {
             None
         };
         let act = d.t * d.h * ACT_BYTES;
         // Attention block.
-        let n1 = self.compute("norm1_fwd", OpClass::Norm, Self::mem(2 * d.t_sp * d.h * ACT_BYTES), tag, &Self::deps(input));
+        let n1 = self.compute(
+            "norm1_fwd",
+            OpClass::Norm,
+            Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &Self::deps(input),
+        );
         let mut cur = n1;
         if let Some(op) = tp_in {
-            cur = self.collective(GroupKind::Tp, op, act, tag, &[cur]).unwrap_or(cur);
+            cur = self
+                .collective(GroupKind::Tp, op, act, tag, &[cur])
+                .unwrap_or(cur);
         }
-        let qkv = self.compute("qkv_fwd", OpClass::Gemm, Self::gemm(d.t, d.q_local + 2 * d.kv_local, d.h), tag, &[cur]);
+        let qkv = self.compute(
+            "qkv_fwd",
+            OpClass::Gemm,
+            Self::gemm(d.t, d.q_local + 2 * d.kv_local, d.h),
+            tag,
+            &[cur],
+        );
         cur = qkv;
         let cp = self.job.parallel.cp as u64;
         if cp > 1 {
-            let kv_bytes = self.job.parallel.micro_batch as u64 * m.seq_len as u64 * 2 * d.kv_local * ACT_BYTES;
-            cur = self.collective(GroupKind::Cp, Collective::AllGather, kv_bytes, tag, &[cur]).unwrap_or(cur);
+            let kv_bytes = self.job.parallel.micro_batch as u64
+                * m.seq_len as u64
+                * 2
+                * d.kv_local
+                * ACT_BYTES;
+            cur = self
+                .collective(GroupKind::Cp, Collective::AllGather, kv_bytes, tag, &[cur])
+                .unwrap_or(cur);
         }
-        let attn = self.compute("attention_fwd", OpClass::Attention, self.attention_work(false), tag, &[cur]);
-        let proj = self.compute("out_proj_fwd", OpClass::Gemm, Self::gemm(d.t, d.h, d.q_local), tag, &[attn]);
+        let attn = self.compute(
+            "attention_fwd",
+            OpClass::Attention,
+            self.attention_work(false),
+            tag,
+            &[cur],
+        );
+        let proj = self.compute(
+            "out_proj_fwd",
+            OpClass::Gemm,
+            Self::gemm(d.t, d.h, d.q_local),
+            tag,
+            &[attn],
+        );
         cur = proj;
         if let Some(op) = tp_out {
-            cur = self.collective(GroupKind::Tp, op, act, tag, &[cur]).unwrap_or(cur);
+            cur = self
+                .collective(GroupKind::Tp, op, act, tag, &[cur])
+                .unwrap_or(cur);
         }
-        let res1 = self.compute("residual1_fwd", OpClass::Elementwise, Self::mem(3 * d.t_sp * d.h * ACT_BYTES), tag, &[cur]);
-        let n2 = self.compute("norm2_fwd", OpClass::Norm, Self::mem(2 * d.t_sp * d.h * ACT_BYTES), tag, &[res1]);
+        let res1 = self.compute(
+            "residual1_fwd",
+            OpClass::Elementwise,
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &[cur],
+        );
+        let n2 = self.compute(
+            "norm2_fwd",
+            OpClass::Norm,
+            Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &[res1],
+        );
         cur = n2;
         // MLP block.
         if let Some(moe) = &self.job.model.moe {
@@ -590,29 +735,109 @@ impl<'a> StageBuilder<'a> {
             let pairs = d.t_sp * moe.top_k as u64;
             let per_expert = (pairs * ep).div_ceil(moe.experts as u64);
             let fe = moe.ffn_hidden as u64;
-            let n_fc1 = if m.activation == Activation::SwiGlu { 2 * fe } else { fe };
-            let router = self.compute("router_fwd", OpClass::Router, Self::gemm(d.t_sp, moe.experts as u64, d.h), tag, &[cur]);
+            let n_fc1 = if m.activation == Activation::SwiGlu {
+                2 * fe
+            } else {
+                fe
+            };
+            let router = self.compute(
+                "router_fwd",
+                OpClass::Router,
+                Self::gemm(d.t_sp, moe.experts as u64, d.h),
+                tag,
+                &[cur],
+            );
             let a2a_bytes = pairs * d.h * ACT_BYTES;
-            cur = self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[router]).unwrap_or(router);
-            let fc1 = self.compute("expert_fc1_fwd", OpClass::Gemm, Work::Gemm { m: per_expert, n: n_fc1, k: d.h, batch: local_experts }, tag, &[cur]);
+            cur = self
+                .collective(
+                    GroupKind::Ep,
+                    Collective::AllToAll,
+                    a2a_bytes,
+                    tag,
+                    &[router],
+                )
+                .unwrap_or(router);
+            let fc1 = self.compute(
+                "expert_fc1_fwd",
+                OpClass::Gemm,
+                Work::Gemm {
+                    m: per_expert,
+                    n: n_fc1,
+                    k: d.h,
+                    batch: local_experts,
+                },
+                tag,
+                &[cur],
+            );
             let _ = fc1;
-            self.compute("expert_act_fwd", OpClass::Elementwise, Self::mem(3 * pairs * fe * ACT_BYTES), tag, &[]);
-            let fc2 = self.compute("expert_fc2_fwd", OpClass::Gemm, Work::Gemm { m: per_expert, n: d.h, k: fe, batch: local_experts }, tag, &[]);
-            cur = self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2]).unwrap_or(fc2);
+            self.compute(
+                "expert_act_fwd",
+                OpClass::Elementwise,
+                Self::mem(3 * pairs * fe * ACT_BYTES),
+                tag,
+                &[],
+            );
+            let fc2 = self.compute(
+                "expert_fc2_fwd",
+                OpClass::Gemm,
+                Work::Gemm {
+                    m: per_expert,
+                    n: d.h,
+                    k: fe,
+                    batch: local_experts,
+                },
+                tag,
+                &[],
+            );
+            cur = self
+                .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
+                .unwrap_or(fc2);
         } else {
             if let Some(op) = tp_in {
-                cur = self.collective(GroupKind::Tp, op, act, tag, &[cur]).unwrap_or(cur);
+                cur = self
+                    .collective(GroupKind::Tp, op, act, tag, &[cur])
+                    .unwrap_or(cur);
             }
-            let n_fc1 = if m.activation == Activation::SwiGlu { 2 * d.ffn_local } else { d.ffn_local };
-            self.compute("fc1_fwd", OpClass::Gemm, Self::gemm(d.t, n_fc1, d.h), tag, &[cur]);
-            self.compute("act_fwd", OpClass::Elementwise, Self::mem((n_fc1 + d.ffn_local) * d.t * ACT_BYTES), tag, &[]);
-            let fc2 = self.compute("fc2_fwd", OpClass::Gemm, Self::gemm(d.t, d.h, d.ffn_local), tag, &[]);
+            let n_fc1 = if m.activation == Activation::SwiGlu {
+                2 * d.ffn_local
+            } else {
+                d.ffn_local
+            };
+            self.compute(
+                "fc1_fwd",
+                OpClass::Gemm,
+                Self::gemm(d.t, n_fc1, d.h),
+                tag,
+                &[cur],
+            );
+            self.compute(
+                "act_fwd",
+                OpClass::Elementwise,
+                Self::mem((n_fc1 + d.ffn_local) * d.t * ACT_BYTES),
+                tag,
+                &[],
+            );
+            let fc2 = self.compute(
+                "fc2_fwd",
+                OpClass::Gemm,
+                Self::gemm(d.t, d.h, d.ffn_local),
+                tag,
+                &[],
+            );
             cur = fc2;
             if let Some(op) = tp_out {
-                cur = self.collective(GroupKind::Tp, op, act, tag, &[cur]).unwrap_or(cur);
+                cur = self
+                    .collective(GroupKind::Tp, op, act, tag, &[cur])
+                    .unwrap_or(cur);
             }
         }
-        self.compute("residual2_fwd", OpClass::Elementwise, Self::mem(3 * d.t_sp * d.h * ACT_BYTES), tag, &[cur])
+        self.compute(
+            "residual2_fwd",
+            OpClass::Elementwise,
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &[cur],
+        )
     }
 
     fn attention_work(&self, backward: bool) -> Work {
@@ -638,15 +863,47 @@ impl<'a> StageBuilder<'a> {
         let d = self.dims();
         let v_local = self.job.model.vocab as u64 / d.tp;
         let tag = Self::tag(Phase::Forward, mb, NONE);
-        let norm = self.compute("final_norm_fwd", OpClass::Norm, Self::mem(2 * d.t_sp * d.h * ACT_BYTES), tag, &Self::deps(input));
+        let norm = self.compute(
+            "final_norm_fwd",
+            OpClass::Norm,
+            Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &Self::deps(input),
+        );
         let mut cur = norm;
         if d.sp {
-            cur = self.collective(GroupKind::Tp, Collective::AllGather, d.t * d.h * ACT_BYTES, tag, &[cur]).unwrap_or(cur);
+            cur = self
+                .collective(
+                    GroupKind::Tp,
+                    Collective::AllGather,
+                    d.t * d.h * ACT_BYTES,
+                    tag,
+                    &[cur],
+                )
+                .unwrap_or(cur);
         }
-        self.compute("lm_head_fwd", OpClass::Gemm, Self::gemm(d.t, v_local, d.h), tag, &[cur]);
+        self.compute(
+            "lm_head_fwd",
+            OpClass::Gemm,
+            Self::gemm(d.t, v_local, d.h),
+            tag,
+            &[cur],
+        );
         // Vocab-parallel cross entropy: max and sum-exp all-reduces of one float per token.
-        let loss = self.compute("loss_fwd", OpClass::Loss, Self::mem(3 * d.t * v_local * 4), tag, &[]);
-        self.collective(GroupKind::Tp, Collective::AllReduce, 2 * d.t * 4, tag, &[loss]);
+        let loss = self.compute(
+            "loss_fwd",
+            OpClass::Loss,
+            Self::mem(3 * d.t * v_local * 4),
+            tag,
+            &[],
+        );
+        self.collective(
+            GroupKind::Tp,
+            Collective::AllReduce,
+            2 * d.t * 4,
+            tag,
+            &[loss],
+        );
     }
 
     fn backward_step(&mut self, mb: u32, chunk: u32, m: u32) {
@@ -656,25 +913,68 @@ impl<'a> StageBuilder<'a> {
         let mut cur: Option<u32>;
         if self.is_last_chunk(chunk) {
             let v_local = self.job.model.vocab as u64 / d.tp;
-            let lb = self.compute("loss_bwd", OpClass::Loss, Self::mem(2 * d.t * v_local * 4), tag, &[]);
+            let lb = self.compute(
+                "loss_bwd",
+                OpClass::Loss,
+                Self::mem(2 * d.t * v_local * 4),
+                tag,
+                &[],
+            );
             let _ = lb;
-            let dg = self.compute("lm_head_dgrad", OpClass::Gemm, Self::gemm(d.t, d.h, v_local), tag, &[]);
+            let dg = self.compute(
+                "lm_head_dgrad",
+                OpClass::Gemm,
+                Self::gemm(d.t, d.h, v_local),
+                tag,
+                &[],
+            );
             let mut c = dg;
             let wg = if d.sp {
-                let op = self.collective(GroupKind::Tp, Collective::ReduceScatter, d.t * d.h * ACT_BYTES, tag, &[dg]);
-                let wg = self.compute("lm_head_wgrad", OpClass::Gemm, Self::gemm(v_local, d.h, d.t), tag, &[]);
+                let op = self.collective(
+                    GroupKind::Tp,
+                    Collective::ReduceScatter,
+                    d.t * d.h * ACT_BYTES,
+                    tag,
+                    &[dg],
+                );
+                let wg = self.compute(
+                    "lm_head_wgrad",
+                    OpClass::Gemm,
+                    Self::gemm(v_local, d.h, d.t),
+                    tag,
+                    &[],
+                );
                 c = op.unwrap_or(wg);
                 wg
             } else {
-                self.compute("lm_head_wgrad", OpClass::Gemm, Self::gemm(v_local, d.h, d.t), tag, &[])
+                self.compute(
+                    "lm_head_wgrad",
+                    OpClass::Gemm,
+                    Self::gemm(v_local, d.h, d.t),
+                    tag,
+                    &[],
+                )
             };
             if last_mb {
                 self.lm_head_grad_ready = Some(wg);
             }
-            let nb = self.compute("final_norm_bwd", OpClass::Norm, Self::mem(3 * d.t_sp * d.h * ACT_BYTES), tag, &[c]);
+            let nb = self.compute(
+                "final_norm_bwd",
+                OpClass::Norm,
+                Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+                tag,
+                &[c],
+            );
             cur = Some(nb);
         } else {
-            cur = Some(self.recv(MsgTag { backward: true, micro_batch: mb, chunk }, tag));
+            cur = Some(self.recv(
+                MsgTag {
+                    backward: true,
+                    micro_batch: mb,
+                    chunk,
+                },
+                tag,
+            ));
         }
         let layers = self.chunk_layers[chunk as usize].clone();
         for layer in layers.rev() {
@@ -690,9 +990,23 @@ impl<'a> StageBuilder<'a> {
         if self.is_first_chunk(chunk) {
             let mut c = cur;
             if d.sp {
-                c = self.collective(GroupKind::Tp, Collective::AllGather, d.t * d.h * ACT_BYTES, tag, &Self::deps(c)).or(c);
+                c = self
+                    .collective(
+                        GroupKind::Tp,
+                        Collective::AllGather,
+                        d.t * d.h * ACT_BYTES,
+                        tag,
+                        &Self::deps(c),
+                    )
+                    .or(c);
             }
-            let e = self.compute("embedding_bwd", OpClass::Embedding, Self::mem(2 * d.t * d.h * 4), tag, &Self::deps(c));
+            let e = self.compute(
+                "embedding_bwd",
+                OpClass::Embedding,
+                Self::mem(2 * d.t * d.h * 4),
+                tag,
+                &Self::deps(c),
+            );
             if last_mb {
                 self.embedding_grad_ready = Some(e);
             }
@@ -718,16 +1032,34 @@ impl<'a> StageBuilder<'a> {
         if d.sp {
             // Megatron: all-gather the SP input for the weight gradient while the data gradient runs,
             // then reduce-scatter the input gradient while the weight gradient runs.
-            let ag = self.collective(GroupKind::Tp, Collective::AllGather, reduce_bytes, tag, &[grad_in]);
+            let ag = self.collective(
+                GroupKind::Tp,
+                Collective::AllGather,
+                reduce_bytes,
+                tag,
+                &[grad_in],
+            );
             let dg = self.compute(names.0, OpClass::Gemm, dgrad, tag, &[grad_in]);
-            let rs = self.collective(GroupKind::Tp, Collective::ReduceScatter, reduce_bytes, tag, &[dg]);
+            let rs = self.collective(
+                GroupKind::Tp,
+                Collective::ReduceScatter,
+                reduce_bytes,
+                tag,
+                &[dg],
+            );
             let ag_dep: Vec<u32> = ag.into_iter().collect();
             let wg = self.compute(names.1, OpClass::Gemm, wgrad, tag, &ag_dep);
             (rs.unwrap_or(wg), wg)
         } else {
             let dg = self.compute(names.0, OpClass::Gemm, dgrad, tag, &[grad_in]);
             let ar = if d.tp > 1 {
-                self.collective(GroupKind::Tp, Collective::AllReduce, reduce_bytes, tag, &[dg])
+                self.collective(
+                    GroupKind::Tp,
+                    Collective::AllReduce,
+                    reduce_bytes,
+                    tag,
+                    &[dg],
+                )
             } else {
                 None
             };
@@ -742,7 +1074,13 @@ impl<'a> StageBuilder<'a> {
         let m = &self.job.model;
         let tag = Self::tag(Phase::Backward, mb, layer);
         let act = d.t * d.h * ACT_BYTES;
-        let r2 = self.compute("residual2_bwd", OpClass::Elementwise, Self::mem(3 * d.t_sp * d.h * ACT_BYTES), tag, &Self::deps(grad));
+        let r2 = self.compute(
+            "residual2_bwd",
+            OpClass::Elementwise,
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &Self::deps(grad),
+        );
         let mut cur = r2;
         let last_wgrad;
         // MLP block.
@@ -752,26 +1090,112 @@ impl<'a> StageBuilder<'a> {
             let pairs = d.t_sp * moe.top_k as u64;
             let per_expert = (pairs * ep).div_ceil(moe.experts as u64);
             let fe = moe.ffn_hidden as u64;
-            let n_fc1 = if m.activation == Activation::SwiGlu { 2 * fe } else { fe };
+            let n_fc1 = if m.activation == Activation::SwiGlu {
+                2 * fe
+            } else {
+                fe
+            };
             let a2a_bytes = pairs * d.h * ACT_BYTES;
-            cur = self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[cur]).unwrap_or(cur);
-            self.compute("expert_fc2_dgrad", OpClass::Gemm, Work::Gemm { m: per_expert, n: fe, k: d.h, batch: local_experts }, tag, &[cur]);
-            self.compute("expert_fc2_wgrad", OpClass::Gemm, Work::Gemm { m: fe, n: d.h, k: per_expert, batch: local_experts }, tag, &[]);
-            self.compute("expert_act_bwd", OpClass::Elementwise, Self::mem(4 * pairs * fe * ACT_BYTES), tag, &[]);
-            let dg = self.compute("expert_fc1_dgrad", OpClass::Gemm, Work::Gemm { m: per_expert, n: d.h, k: n_fc1, batch: local_experts }, tag, &[]);
+            cur = self
+                .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[cur])
+                .unwrap_or(cur);
+            self.compute(
+                "expert_fc2_dgrad",
+                OpClass::Gemm,
+                Work::Gemm {
+                    m: per_expert,
+                    n: fe,
+                    k: d.h,
+                    batch: local_experts,
+                },
+                tag,
+                &[cur],
+            );
+            self.compute(
+                "expert_fc2_wgrad",
+                OpClass::Gemm,
+                Work::Gemm {
+                    m: fe,
+                    n: d.h,
+                    k: per_expert,
+                    batch: local_experts,
+                },
+                tag,
+                &[],
+            );
+            self.compute(
+                "expert_act_bwd",
+                OpClass::Elementwise,
+                Self::mem(4 * pairs * fe * ACT_BYTES),
+                tag,
+                &[],
+            );
+            let dg = self.compute(
+                "expert_fc1_dgrad",
+                OpClass::Gemm,
+                Work::Gemm {
+                    m: per_expert,
+                    n: d.h,
+                    k: n_fc1,
+                    batch: local_experts,
+                },
+                tag,
+                &[],
+            );
             let a2a = self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[dg]);
-            let wg = self.compute("expert_fc1_wgrad", OpClass::Gemm, Work::Gemm { m: n_fc1, n: d.h, k: per_expert, batch: local_experts }, tag, &[]);
-            let rb = self.compute("router_bwd", OpClass::Router, Self::gemm(d.t_sp, d.h, moe.experts as u64), tag, &Self::deps(a2a));
+            let wg = self.compute(
+                "expert_fc1_wgrad",
+                OpClass::Gemm,
+                Work::Gemm {
+                    m: n_fc1,
+                    n: d.h,
+                    k: per_expert,
+                    batch: local_experts,
+                },
+                tag,
+                &[],
+            );
+            let rb = self.compute(
+                "router_bwd",
+                OpClass::Router,
+                Self::gemm(d.t_sp, d.h, moe.experts as u64),
+                tag,
+                &Self::deps(a2a),
+            );
             last_wgrad = wg;
             cur = rb;
         } else {
             if d.sp {
-                cur = self.collective(GroupKind::Tp, Collective::AllGather, act, tag, &[cur]).unwrap_or(cur);
+                cur = self
+                    .collective(GroupKind::Tp, Collective::AllGather, act, tag, &[cur])
+                    .unwrap_or(cur);
             }
-            let n_fc1 = if m.activation == Activation::SwiGlu { 2 * d.ffn_local } else { d.ffn_local };
-            self.compute("fc2_dgrad", OpClass::Gemm, Self::gemm(d.t, d.ffn_local, d.h), tag, &[cur]);
-            self.compute("fc2_wgrad", OpClass::Gemm, Self::gemm(d.ffn_local, d.h, d.t), tag, &[]);
-            let ab = self.compute("act_bwd", OpClass::Elementwise, Self::mem((2 * n_fc1 + d.ffn_local) * d.t * ACT_BYTES), tag, &[]);
+            let n_fc1 = if m.activation == Activation::SwiGlu {
+                2 * d.ffn_local
+            } else {
+                d.ffn_local
+            };
+            self.compute(
+                "fc2_dgrad",
+                OpClass::Gemm,
+                Self::gemm(d.t, d.ffn_local, d.h),
+                tag,
+                &[cur],
+            );
+            self.compute(
+                "fc2_wgrad",
+                OpClass::Gemm,
+                Self::gemm(d.ffn_local, d.h, d.t),
+                tag,
+                &[],
+            );
+            let ab = self.compute(
+                "act_bwd",
+                OpClass::Elementwise,
+                Self::mem((2 * n_fc1 + d.ffn_local) * d.t * ACT_BYTES),
+                tag,
+                &[],
+            );
             let (g, wg) = self.linear_backward_in(
                 ("fc1_dgrad", "fc1_wgrad"),
                 Self::gemm(d.t, d.h, n_fc1),
@@ -783,26 +1207,76 @@ impl<'a> StageBuilder<'a> {
             last_wgrad = wg;
             cur = g;
         }
-        let nb2 = self.compute("norm2_bwd", OpClass::Norm, Self::mem(3 * d.t_sp * d.h * ACT_BYTES), tag, &[cur]);
-        let r1 = self.compute("residual1_bwd", OpClass::Elementwise, Self::mem(3 * d.t_sp * d.h * ACT_BYTES), tag, &[nb2]);
+        let nb2 = self.compute(
+            "norm2_bwd",
+            OpClass::Norm,
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &[cur],
+        );
+        let r1 = self.compute(
+            "residual1_bwd",
+            OpClass::Elementwise,
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &[nb2],
+        );
         cur = r1;
         // Attention block.
         if d.sp {
-            cur = self.collective(GroupKind::Tp, Collective::AllGather, act, tag, &[cur]).unwrap_or(cur);
+            cur = self
+                .collective(GroupKind::Tp, Collective::AllGather, act, tag, &[cur])
+                .unwrap_or(cur);
         }
-        self.compute("out_proj_dgrad", OpClass::Gemm, Self::gemm(d.t, d.q_local, d.h), tag, &[cur]);
-        let opw = self.compute("out_proj_wgrad", OpClass::Gemm, Self::gemm(d.q_local, d.h, d.t), tag, &[]);
+        self.compute(
+            "out_proj_dgrad",
+            OpClass::Gemm,
+            Self::gemm(d.t, d.q_local, d.h),
+            tag,
+            &[cur],
+        );
+        let opw = self.compute(
+            "out_proj_wgrad",
+            OpClass::Gemm,
+            Self::gemm(d.q_local, d.h, d.t),
+            tag,
+            &[],
+        );
         let _ = opw;
         if self.job.parallel.recompute == Recompute::Selective {
             let rtag = Self::tag(Phase::Recompute, mb, layer);
-            self.compute("attention_recompute", OpClass::Attention, self.attention_work(false), rtag, &[]);
+            self.compute(
+                "attention_recompute",
+                OpClass::Attention,
+                self.attention_work(false),
+                rtag,
+                &[],
+            );
         }
-        let ab = self.compute("attention_bwd", OpClass::Attention, self.attention_work(true), tag, &[]);
+        let ab = self.compute(
+            "attention_bwd",
+            OpClass::Attention,
+            self.attention_work(true),
+            tag,
+            &[],
+        );
         let mut after_attn = ab;
         let cp = self.job.parallel.cp as u64;
         if cp > 1 {
-            let kv_bytes = self.job.parallel.micro_batch as u64 * m.seq_len as u64 * 2 * d.kv_local * ACT_BYTES;
-            after_attn = self.collective(GroupKind::Cp, Collective::ReduceScatter, kv_bytes, tag, &[ab]).unwrap_or(ab);
+            let kv_bytes = self.job.parallel.micro_batch as u64
+                * m.seq_len as u64
+                * 2
+                * d.kv_local
+                * ACT_BYTES;
+            after_attn = self
+                .collective(
+                    GroupKind::Cp,
+                    Collective::ReduceScatter,
+                    kv_bytes,
+                    tag,
+                    &[ab],
+                )
+                .unwrap_or(ab);
         }
         let (g, qkv_wg) = self.linear_backward_in(
             ("qkv_dgrad", "qkv_wgrad"),
@@ -813,7 +1287,13 @@ impl<'a> StageBuilder<'a> {
             act,
         );
         let _ = last_wgrad;
-        let nb1 = self.compute("norm1_bwd", OpClass::Norm, Self::mem(3 * d.t_sp * d.h * ACT_BYTES), tag, &[g]);
+        let nb1 = self.compute(
+            "norm1_bwd",
+            OpClass::Norm,
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &[g],
+        );
         // The layer's gradients are complete once both its last weight-gradient GEMM and the
         // norm backward ran; the norm runs after it on the compute stream.
         let _ = qkv_wg;
@@ -828,13 +1308,24 @@ impl<'a> StageBuilder<'a> {
         let tp = par.tp as u64;
         let tag = Self::tag(Phase::Optimizer, NONE, NONE);
         let bucket_params = (par.dp_bucket_mparams * 1e6).max(1.0) as u64;
-        let dense_layer = (m.layer_params() - m.moe.as_ref().map_or(0, |e| e.experts as u64 * m.expert_params())) / tp;
-        let expert_layer = m.moe.as_ref().map_or(0, |e| e.experts as u64 / par.ep as u64 * m.expert_params());
+        let dense_layer = (m.layer_params()
+            - m.moe
+                .as_ref()
+                .map_or(0, |e| e.experts as u64 * m.expert_params()))
+            / tp;
+        let expert_layer = m
+            .moe
+            .as_ref()
+            .map_or(0, |e| e.experts as u64 / par.ep as u64 * m.expert_params());
         let emb = m.vocab as u64 * m.hidden as u64 / tp;
         // (ready op, dense params, expert params), in the order gradients become final.
         let mut items: Vec<(u32, u64, u64)> = Vec::new();
         if let Some(op) = self.lm_head_grad_ready {
-            let lm = if m.tied_embeddings && par.pp == 1 { 0 } else { emb };
+            let lm = if m.tied_embeddings && par.pp == 1 {
+                0
+            } else {
+                emb
+            };
             items.push((op, lm, 0));
         }
         // Backward visits chunks from last to first and layers from last to first.
@@ -845,7 +1336,11 @@ impl<'a> StageBuilder<'a> {
             items.push((op, emb, 0));
         }
         items.sort_by_key(|&(op, _, _)| op);
-        let reduce = if par.distributed_optimizer { Collective::ReduceScatter } else { Collective::AllReduce };
+        let reduce = if par.distributed_optimizer {
+            Collective::ReduceScatter
+        } else {
+            Collective::AllReduce
+        };
         let mut dp_ops: Vec<u32> = Vec::new();
         let mut buckets: Vec<(u64, u64)> = Vec::new();
         let (mut acc_d, mut acc_e) = (0u64, 0u64);
@@ -854,10 +1349,14 @@ impl<'a> StageBuilder<'a> {
             acc_d += dense;
             acc_e += expert;
             if acc_d + acc_e >= bucket_params || i == n - 1 {
-                if let Some(c) = self.collective(GroupKind::Dp, reduce, acc_d * GRAD_BYTES, tag, &[op]) {
+                if let Some(c) =
+                    self.collective(GroupKind::Dp, reduce, acc_d * GRAD_BYTES, tag, &[op])
+                {
                     dp_ops.push(c);
                 }
-                if let Some(c) = self.collective(GroupKind::Edp, reduce, acc_e * GRAD_BYTES, tag, &[op]) {
+                if let Some(c) =
+                    self.collective(GroupKind::Edp, reduce, acc_e * GRAD_BYTES, tag, &[op])
+                {
                     dp_ops.push(c);
                 }
                 buckets.push((acc_d, acc_e));
@@ -883,8 +1382,20 @@ impl<'a> StageBuilder<'a> {
         );
         if par.distributed_optimizer {
             for &(bd, be) in &buckets {
-                self.collective(GroupKind::Dp, Collective::AllGather, bd * PARAM_BYTES, tag, &[opt]);
-                self.collective(GroupKind::Edp, Collective::AllGather, be * PARAM_BYTES, tag, &[opt]);
+                self.collective(
+                    GroupKind::Dp,
+                    Collective::AllGather,
+                    bd * PARAM_BYTES,
+                    tag,
+                    &[opt],
+                );
+                self.collective(
+                    GroupKind::Edp,
+                    Collective::AllGather,
+                    be * PARAM_BYTES,
+                    tag,
+                    &[opt],
+                );
             }
         }
     }
@@ -901,7 +1412,12 @@ mod tests {
 
     #[test]
     fn schedules_cover_every_micro_batch_and_chunk_once() {
-        for (kind, v) in [(Schedule::GPipe, 1), (Schedule::OneFOneB, 1), (Schedule::Interleaved, 2), (Schedule::Interleaved, 3)] {
+        for (kind, v) in [
+            (Schedule::GPipe, 1),
+            (Schedule::OneFOneB, 1),
+            (Schedule::Interleaved, 2),
+            (Schedule::Interleaved, 3),
+        ] {
             for p in [1u32, 2, 4] {
                 if kind == Schedule::Interleaved && p < 2 {
                     continue;
@@ -913,10 +1429,20 @@ mod tests {
                     assert_eq!(count(&s, false), (m * v) as usize);
                     let mut seen = std::collections::BTreeSet::new();
                     for st in &s {
-                        assert!(seen.insert((st.forward, st.micro_batch, st.chunk)), "{kind:?} duplicate {st:?}");
+                        assert!(
+                            seen.insert((st.forward, st.micro_batch, st.chunk)),
+                            "{kind:?} duplicate {st:?}"
+                        );
                         if !st.forward {
                             // A backward step never precedes its own forward.
-                            let fpos = s.iter().position(|x| x.forward && x.micro_batch == st.micro_batch && x.chunk == st.chunk).unwrap();
+                            let fpos = s
+                                .iter()
+                                .position(|x| {
+                                    x.forward
+                                        && x.micro_batch == st.micro_batch
+                                        && x.chunk == st.chunk
+                                })
+                                .unwrap();
                             let bpos = s.iter().position(|x| x == st).unwrap();
                             assert!(fpos < bpos);
                         }
@@ -941,7 +1467,11 @@ mod tests {
         let job = small_job(2, 2, 4, 16);
         let g = ExecutionGraph::build(&job);
         assert_eq!(g.programs.len(), 4);
-        let sends: usize = g.programs.iter().map(|p| p.stream_ops[Stream::PpSend as usize].len()).sum();
+        let sends: usize = g
+            .programs
+            .iter()
+            .map(|p| p.stream_ops[Stream::PpSend as usize].len())
+            .sum();
         let recvs: usize = g.programs.iter().map(|p| p.recv_slots as usize).sum();
         assert_eq!(sends, recvs);
         // Dependencies point backwards (the program is a DAG in op order).

@@ -71,6 +71,9 @@ pub struct Model {
     pub moe: Option<Moe>,
     /// Input embedding and LM head share one matrix.
     pub tied_embeddings: bool,
+    /// The model trains with dropout (GPT-3 / Megatron GPT: yes; Llama, Mistral, Nemotron-4:
+    /// no). Dropout masks are stored activations.
+    pub dropout: bool,
 }
 
 impl Model {
@@ -257,6 +260,9 @@ pub struct Training {
     pub global_batch: u32,
     /// GEMM precision.
     pub precision: Precision,
+    /// Fused (flash) attention: the score matrix is never stored (FlashAttention-2/3, cuDNN
+    /// fused attention). `false` models the unfused attention of Megatron-LM 2021-2022.
+    pub flash_attention: bool,
 }
 
 /// A complete job.
@@ -287,19 +293,29 @@ pub struct JobError {
 impl JobError {
     /// Builds an error for `key`.
     pub fn new(key: impl Into<String>, rule: impl Into<String>) -> Self {
-        JobError { key: key.into(), rule: rule.into() }
+        JobError {
+            key: key.into(),
+            rule: rule.into(),
+        }
     }
 }
 
 fn positive(key: &str, v: u64) -> Result<(), JobError> {
-    if v == 0 { Err(JobError::new(key, "must be at least 1")) } else { Ok(()) }
+    if v == 0 {
+        Err(JobError::new(key, "must be at least 1"))
+    } else {
+        Ok(())
+    }
 }
 
 fn positive_f(key: &str, v: f64) -> Result<(), JobError> {
     if v.is_finite() && v > 0.0 {
         Ok(())
     } else {
-        Err(JobError::new(key, format!("must be a positive finite number (got {v})")))
+        Err(JobError::new(
+            key,
+            format!("must be a positive finite number (got {v})"),
+        ))
     }
 }
 
@@ -307,7 +323,10 @@ fn nonneg_f(key: &str, v: f64) -> Result<(), JobError> {
     if v.is_finite() && v >= 0.0 {
         Ok(())
     } else {
-        Err(JobError::new(key, format!("must be a non-negative finite number (got {v})")))
+        Err(JobError::new(
+            key,
+            format!("must be a non-negative finite number (got {v})"),
+        ))
     }
 }
 
@@ -332,7 +351,11 @@ impl Job {
     pub fn peak_flops(&self) -> f64 {
         let tf = match self.training.precision {
             Precision::Bf16 => self.cluster.gpu.peak_tflops_bf16,
-            Precision::Fp8 => self.cluster.gpu.peak_tflops_fp8.unwrap_or(self.cluster.gpu.peak_tflops_bf16),
+            Precision::Fp8 => self
+                .cluster
+                .gpu
+                .peak_tflops_fp8
+                .unwrap_or(self.cluster.gpu.peak_tflops_bf16),
         };
         tf * 1e12
     }
@@ -353,19 +376,13 @@ impl Job {
         let fixed = first.unwrap_or(0) + last.unwrap_or(0);
         let middle_stages = pp as u32 - first.is_some() as u32 - last.is_some() as u32;
         let rest = self.model.layers - fixed;
-        let per = if middle_stages == 0 { 0 } else { rest / middle_stages };
+        let per = rest.checked_div(middle_stages).unwrap_or(0);
         for (i, slot) in out.iter_mut().enumerate() {
-            *slot = per;
-            if i == 0 {
-                if let Some(f) = first {
-                    *slot = f;
-                }
-            }
-            if i == pp - 1 {
-                if let Some(l) = last {
-                    *slot = l;
-                }
-            }
+            *slot = match (i, first, last) {
+                (0, Some(f), _) => f,
+                (i, _, Some(l)) if i == pp - 1 => l,
+                _ => per,
+            };
         }
         out
     }
@@ -396,10 +413,13 @@ impl Job {
                 format!("must be at most {MAX_LAYERS} (got {})", m.layers),
             ));
         }
-        if m.heads % m.kv_heads != 0 {
+        if !m.heads.is_multiple_of(m.kv_heads) {
             return Err(JobError::new(
                 "model.kv_heads",
-                format!("must divide model.heads ({} % {} != 0)", m.heads, m.kv_heads),
+                format!(
+                    "must divide model.heads ({} % {} != 0)",
+                    m.heads, m.kv_heads
+                ),
             ));
         }
         if let Some(moe) = &m.moe {
@@ -409,7 +429,10 @@ impl Job {
             if moe.top_k > moe.experts {
                 return Err(JobError::new(
                     "model.moe_top_k",
-                    format!("must not exceed model.moe_experts ({} > {})", moe.top_k, moe.experts),
+                    format!(
+                        "must not exceed model.moe_experts ({} > {})",
+                        moe.top_k, moe.experts
+                    ),
                 ));
             }
         }
@@ -436,11 +459,17 @@ impl Job {
         positive_f("cluster.nic_gbps", c.nic_gbps)?;
         nonneg_f("cluster.nic_latency_us", c.nic_latency_us)?;
         nonneg_f("cluster.nvlink_latency_us", c.nvlink_latency_us)?;
-        positive("cluster.rail_group_nodes", c.topology.rail_group_nodes as u64)?;
+        positive(
+            "cluster.rail_group_nodes",
+            c.topology.rail_group_nodes as u64,
+        )?;
         if !(c.topology.oversubscription.is_finite() && c.topology.oversubscription >= 1.0) {
             return Err(JobError::new(
                 "cluster.oversubscription",
-                format!("must be a finite number >= 1 (got {})", c.topology.oversubscription),
+                format!(
+                    "must be a finite number >= 1 (got {})",
+                    c.topology.oversubscription
+                ),
             ));
         }
 
@@ -457,16 +486,19 @@ impl Job {
             positive(k, v as u64)?;
         }
         positive_f("parallel.dp_bucket_mparams", p.dp_bucket_mparams)?;
-        if m.heads % p.tp != 0 {
+        if !m.heads.is_multiple_of(p.tp) {
             return Err(JobError::new(
                 "parallel.tp",
                 format!("must divide model.heads ({} % {} != 0)", m.heads, p.tp),
             ));
         }
-        if m.kv_heads % p.tp != 0 {
+        if !m.kv_heads.is_multiple_of(p.tp) {
             return Err(JobError::new(
                 "parallel.tp",
-                format!("must divide model.kv_heads ({} % {} != 0)", m.kv_heads, p.tp),
+                format!(
+                    "must divide model.kv_heads ({} % {} != 0)",
+                    m.kv_heads, p.tp
+                ),
             ));
         }
         if p.tp > c.gpus_per_node {
@@ -478,7 +510,7 @@ impl Job {
                 ),
             ));
         }
-        if c.gpus_per_node % p.tp != 0 {
+        if !c.gpus_per_node.is_multiple_of(p.tp) {
             return Err(JobError::new(
                 "parallel.tp",
                 format!(
@@ -505,7 +537,7 @@ impl Job {
                 ),
             ));
         }
-        if p.dp % p.ep != 0 {
+        if !p.dp.is_multiple_of(p.ep) {
             return Err(JobError::new(
                 "parallel.ep",
                 format!("must divide parallel.dp ({} % {} != 0)", p.dp, p.ep),
@@ -513,10 +545,13 @@ impl Job {
         }
         match &m.moe {
             Some(moe) => {
-                if moe.experts % p.ep != 0 {
+                if !moe.experts.is_multiple_of(p.ep) {
                     return Err(JobError::new(
                         "parallel.ep",
-                        format!("must divide model.moe_experts ({} % {} != 0)", moe.experts, p.ep),
+                        format!(
+                            "must divide model.moe_experts ({} % {} != 0)",
+                            moe.experts, p.ep
+                        ),
                     ));
                 }
             }
@@ -529,7 +564,7 @@ impl Job {
                 }
             }
         }
-        if p.cp > 1 && m.seq_len % (2 * p.cp) != 0 {
+        if p.cp > 1 && !m.seq_len.is_multiple_of(2 * p.cp) {
             return Err(JobError::new(
                 "parallel.cp",
                 format!(
@@ -540,7 +575,7 @@ impl Job {
                 ),
             ));
         }
-        if p.sequence_parallel && p.tp > 1 && (m.seq_len / p.cp) % p.tp != 0 {
+        if p.sequence_parallel && p.tp > 1 && !(m.seq_len / p.cp).is_multiple_of(p.tp) {
             return Err(JobError::new(
                 "parallel.sequence_parallel",
                 format!(
@@ -596,7 +631,8 @@ impl Job {
                 ));
             }
             let fixed = p.first_stage_layers.unwrap_or(0) + p.last_stage_layers.unwrap_or(0);
-            let middle = p.pp - p.first_stage_layers.is_some() as u32 - p.last_stage_layers.is_some() as u32;
+            let middle =
+                p.pp - p.first_stage_layers.is_some() as u32 - p.last_stage_layers.is_some() as u32;
             let key = if p.first_stage_layers.is_some() {
                 "parallel.first_stage_layers"
             } else {
@@ -605,11 +641,14 @@ impl Job {
             if fixed > m.layers {
                 return Err(JobError::new(
                     key,
-                    format!("first + last stage layers ({fixed}) exceed model.layers ({})", m.layers),
+                    format!(
+                        "first + last stage layers ({fixed}) exceed model.layers ({})",
+                        m.layers
+                    ),
                 ));
             }
             let rest = m.layers - fixed;
-            if middle == 0 && rest != 0 || middle > 0 && rest % middle != 0 {
+            if middle == 0 && rest != 0 || middle > 0 && !rest.is_multiple_of(middle) {
                 return Err(JobError::new(
                     key,
                     format!(
@@ -618,7 +657,10 @@ impl Job {
                 ));
             }
             if middle > 0 && rest / middle == 0 {
-                return Err(JobError::new(key, "every pipeline stage needs at least one layer"));
+                return Err(JobError::new(
+                    key,
+                    "every pipeline stage needs at least one layer",
+                ));
             }
             for (k, v) in [
                 ("parallel.first_stage_layers", p.first_stage_layers),
@@ -628,7 +670,7 @@ impl Job {
                     return Err(JobError::new(k, "must be at least 1"));
                 }
             }
-        } else if m.layers % (p.pp * p.vpp) != 0 {
+        } else if !m.layers.is_multiple_of(p.pp * p.vpp) {
             return Err(JobError::new(
                 "parallel.pp",
                 format!(
@@ -642,7 +684,7 @@ impl Job {
         // Batch.
         positive("training.global_batch", t.global_batch as u64)?;
         let per_step = p.dp as u64 * p.micro_batch as u64;
-        if t.global_batch as u64 % per_step != 0 {
+        if !(t.global_batch as u64).is_multiple_of(per_step) {
             return Err(JobError::new(
                 "training.global_batch",
                 format!(
@@ -655,10 +697,12 @@ impl Job {
         if mbs > MAX_MICRO_BATCHES {
             return Err(JobError::new(
                 "training.global_batch",
-                format!("gives {mbs} micro-batches per pipeline, above the limit {MAX_MICRO_BATCHES}"),
+                format!(
+                    "gives {mbs} micro-batches per pipeline, above the limit {MAX_MICRO_BATCHES}"
+                ),
             ));
         }
-        if p.schedule == Schedule::Interleaved && mbs % p.pp as u64 != 0 {
+        if p.schedule == Schedule::Interleaved && !mbs.is_multiple_of(p.pp as u64) {
             return Err(JobError::new(
                 "training.global_batch",
                 format!(
@@ -670,7 +714,10 @@ impl Job {
         if t.precision == Precision::Fp8 && c.gpu.peak_tflops_fp8.is_none() {
             return Err(JobError::new(
                 "training.precision",
-                format!("\"fp8\" needs a GPU with FP8 tensor cores ({} has none)", c.gpu.name),
+                format!(
+                    "\"fp8\" needs a GPU with FP8 tensor cores ({} has none)",
+                    c.gpu.name
+                ),
             ));
         }
         Ok(())
@@ -707,7 +754,10 @@ pub mod fixtures {
             nic_gbps: 400.0,
             nic_latency_us: 5.0,
             nvlink_latency_us: 1.0,
-            topology: Topology { rail_group_nodes: 32, oversubscription: 1.0 },
+            topology: Topology {
+                rail_group_nodes: 32,
+                oversubscription: 1.0,
+            },
         }
     }
 
@@ -726,6 +776,7 @@ pub mod fixtures {
             activation: Activation::Gelu,
             moe: None,
             tied_embeddings: false,
+            dropout: false,
         }
     }
 
@@ -753,7 +804,11 @@ pub mod fixtures {
                 last_stage_layers: None,
                 dp_bucket_mparams: 40.0,
             },
-            training: Training { global_batch, precision: Precision::Bf16 },
+            training: Training {
+                global_batch,
+                precision: Precision::Bf16,
+                flash_attention: true,
+            },
         }
     }
 }

@@ -46,8 +46,13 @@ pub enum GroupKind {
 }
 
 /// All group kinds, in a fixed order.
-pub const GROUP_KINDS: [GroupKind; 5] =
-    [GroupKind::Tp, GroupKind::Cp, GroupKind::Ep, GroupKind::Dp, GroupKind::Edp];
+pub const GROUP_KINDS: [GroupKind; 5] = [
+    GroupKind::Tp,
+    GroupKind::Cp,
+    GroupKind::Ep,
+    GroupKind::Dp,
+    GroupKind::Edp,
+];
 
 /// The layout of a validated job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,7 +190,12 @@ impl Layout {
             GroupKind::Cp => {
                 let tp = group % l.tp;
                 let g = group / l.tp;
-                Coord { tp, cp: 0, dp: g % l.dp, pp: g / l.dp }
+                Coord {
+                    tp,
+                    cp: 0,
+                    dp: g % l.dp,
+                    pp: g / l.dp,
+                }
             }
             GroupKind::Ep => {
                 let tp = group % l.tp;
@@ -193,22 +203,48 @@ impl Layout {
                 let cp = g % l.cp;
                 let g = g / l.cp;
                 let outer = g % (l.dp / l.ep);
-                Coord { tp, cp, dp: outer * l.ep, pp: g / (l.dp / l.ep) }
+                Coord {
+                    tp,
+                    cp,
+                    dp: outer * l.ep,
+                    pp: g / (l.dp / l.ep),
+                }
             }
-            GroupKind::Dp => Coord { tp: group % l.tp, cp: 0, dp: 0, pp: group / l.tp },
+            GroupKind::Dp => Coord {
+                tp: group % l.tp,
+                cp: 0,
+                dp: 0,
+                pp: group / l.tp,
+            },
             GroupKind::Edp => {
                 let tp = group % l.tp;
                 let g = group / l.tp;
-                Coord { tp, cp: 0, dp: g % l.ep, pp: g / l.ep }
+                Coord {
+                    tp,
+                    cp: 0,
+                    dp: g % l.ep,
+                    pp: g / l.ep,
+                }
             }
         };
         (0..size).map(move |i| {
             let c = match kind {
                 GroupKind::Tp => Coord { tp: i, ..base },
                 GroupKind::Cp => Coord { cp: i, ..base },
-                GroupKind::Ep => Coord { dp: base.dp + i, ..base },
-                GroupKind::Dp => Coord { cp: i % l.cp, dp: i / l.cp, ..base },
-                GroupKind::Edp => Coord { cp: i % l.cp, dp: base.dp + (i / l.cp) * l.ep, ..base },
+                GroupKind::Ep => Coord {
+                    dp: base.dp + i,
+                    ..base
+                },
+                GroupKind::Dp => Coord {
+                    cp: i % l.cp,
+                    dp: i / l.cp,
+                    ..base
+                },
+                GroupKind::Edp => Coord {
+                    cp: i % l.cp,
+                    dp: base.dp + (i / l.cp) * l.ep,
+                    ..base
+                },
             };
             l.rank(c)
         })
@@ -221,12 +257,23 @@ mod tests {
     use crate::job::fixtures::small_job;
 
     fn layout(tp: u32, cp: u32, dp: u32, pp: u32, ep: u32) -> Layout {
-        Layout { tp, cp, dp, pp, ep, gpus_per_node: 8 }
+        Layout {
+            tp,
+            cp,
+            dp,
+            pp,
+            ep,
+            gpus_per_node: 8,
+        }
     }
 
     #[test]
     fn coord_roundtrip_and_groups_partition_ranks() {
-        for l in [layout(2, 2, 4, 3, 2), layout(8, 1, 4, 2, 1), layout(1, 3, 6, 1, 3)] {
+        for l in [
+            layout(2, 2, 4, 3, 2),
+            layout(8, 1, 4, 2, 1),
+            layout(1, 3, 6, 1, 3),
+        ] {
             for r in 0..l.num_ranks() {
                 assert_eq!(l.rank(l.coord(r)), r);
             }
@@ -251,14 +298,40 @@ mod tests {
     fn megatron_order_tp_fastest_pp_slowest() {
         let job = small_job(4, 2, 2, 64);
         let l = Layout::new(&job);
-        assert_eq!(l.coord(1), Coord { tp: 1, cp: 0, dp: 0, pp: 0 });
-        assert_eq!(l.coord(2), Coord { tp: 0, cp: 0, dp: 1, pp: 0 });
-        assert_eq!(l.coord(16), Coord { tp: 0, cp: 0, dp: 0, pp: 1 });
+        assert_eq!(
+            l.coord(1),
+            Coord {
+                tp: 1,
+                cp: 0,
+                dp: 0,
+                pp: 0
+            }
+        );
+        assert_eq!(
+            l.coord(2),
+            Coord {
+                tp: 0,
+                cp: 0,
+                dp: 1,
+                pp: 0
+            }
+        );
+        assert_eq!(
+            l.coord(16),
+            Coord {
+                tp: 0,
+                cp: 0,
+                dp: 0,
+                pp: 1
+            }
+        );
         assert_eq!(l.pp_peer(3, 1), Some(19));
         assert_eq!(l.pp_peer(3, -1), None);
         // TP groups never straddle a node.
         for r in 0..l.num_ranks() {
-            let g: Vec<u32> = l.members(GroupKind::Tp, l.group_of(GroupKind::Tp, r)).collect();
+            let g: Vec<u32> = l
+                .members(GroupKind::Tp, l.group_of(GroupKind::Tp, r))
+                .collect();
             assert!(g.iter().all(|&m| l.node(m) == l.node(r)));
         }
     }

@@ -51,7 +51,12 @@ impl Fabric {
                 capacity.push(up);
             }
         }
-        Fabric { gpus_per_node: gpn, rail_group_nodes: rg, nodes: cluster.nodes, capacity }
+        Fabric {
+            gpus_per_node: gpn,
+            rail_group_nodes: rg,
+            nodes: cluster.nodes,
+            capacity,
+        }
     }
 
     /// Number of links.
@@ -213,7 +218,10 @@ pub struct Network {
 impl Network {
     /// An idle network over `capacity` (bytes/s per link).
     pub fn new(capacity: Vec<u64>) -> Self {
-        assert!(capacity.iter().all(|&c| c > 0), "links need positive capacity");
+        assert!(
+            capacity.iter().all(|&c| c > 0),
+            "links need positive capacity"
+        );
         let n = capacity.len();
         Network {
             capacity,
@@ -237,7 +245,10 @@ impl Network {
     /// Starts a flow of `bytes` over `links` at `now`; `token` comes back when it ends.
     /// Its rate is set by the next [`Network::settle`].
     pub fn add(&mut self, now: SimTime, links: &[(LinkId, u32)], bytes: u64, token: u64) -> FlowId {
-        assert!(!links.is_empty() && bytes > 0, "a flow needs links and bytes");
+        assert!(
+            !links.is_empty() && bytes > 0,
+            "a flow needs links and bytes"
+        );
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
@@ -280,7 +291,10 @@ impl Network {
         let links = std::mem::take(&mut f.links);
         for &(l, _) in &links {
             let v = &mut self.link_flows[l as usize];
-            let pos = v.iter().position(|&x| x == flow).expect("flow registered on its link");
+            let pos = v
+                .iter()
+                .position(|&x| x == flow)
+                .expect("flow registered on its link");
             v.swap_remove(pos);
             self.dirty.push(l);
         }
@@ -377,7 +391,10 @@ impl Network {
                     best = l;
                 }
             }
-            let (br, bw) = (self.rem[best as usize] as u128, self.weight[best as usize] as u128);
+            let (br, bw) = (
+                self.rem[best as usize] as u128,
+                self.weight[best as usize] as u128,
+            );
             // Every link at exactly that share saturates in this round (order independent).
             tied.clear();
             tied.extend(live.iter().copied().filter(|&l| {
@@ -409,13 +426,19 @@ impl Network {
                 continue;
             }
             let dt = now - flow.updated;
-            flow.remaining = flow.remaining.saturating_sub(flow.rate as u128 * dt as u128);
+            flow.remaining = flow
+                .remaining
+                .saturating_sub(flow.rate as u128 * dt as u128);
             flow.updated = now;
             flow.rate = rate;
             flow.generation = flow.generation.wrapping_add(1);
             let left = flow.remaining.div_ceil(rate as u128);
             assert!(left < u64::MAX as u128, "flow completion overflows SimTime");
-            out.push(FlowEnd { flow: f, generation: flow.generation, time: now + left as u64 });
+            out.push(FlowEnd {
+                flow: f,
+                generation: flow.generation,
+                time: now + left as u64,
+            });
         }
     }
 }
@@ -437,7 +460,14 @@ mod tests {
         let ends = settle(&mut net, 0);
         assert_eq!(net.rate(f), 500_000_000);
         // 1 MB at 0.5 GB/s = 2 ms.
-        assert_eq!(ends, vec![FlowEnd { flow: f, generation: ends[0].generation, time: 2_000_000_000 }]);
+        assert_eq!(
+            ends,
+            vec![FlowEnd {
+                flow: f,
+                generation: ends[0].generation,
+                time: 2_000_000_000
+            }]
+        );
         assert_eq!(net.finish(f), 7);
     }
 

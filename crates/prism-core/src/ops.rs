@@ -81,10 +81,27 @@ impl Work {
     pub fn flops(&self) -> f64 {
         match *self {
             Work::Gemm { m, n, k, batch } => 2.0 * m as f64 * n as f64 * k as f64 * batch as f64,
-            Work::Attention { batch, heads, seq_q, seq_kv, head_dim, causal, backward } => {
+            Work::Attention {
+                batch,
+                heads,
+                seq_q,
+                seq_kv,
+                head_dim,
+                causal,
+                backward,
+            } => {
                 // QK^T and PV: 2 GEMMs of 2 * s_q * s_kv * d each.
-                let full = 4.0 * batch as f64 * heads as f64 * seq_q as f64 * seq_kv as f64 * head_dim as f64;
-                let masked = if causal { full * causal_fraction(seq_q, seq_kv) } else { full };
+                let full = 4.0
+                    * batch as f64
+                    * heads as f64
+                    * seq_q as f64
+                    * seq_kv as f64
+                    * head_dim as f64;
+                let masked = if causal {
+                    full * causal_fraction(seq_q, seq_kv)
+                } else {
+                    full
+                };
                 // Backward: dQ, dK, dV, dP (4 GEMMs) + recomputed QK^T (1) = 2.5x forward.
                 if backward { 2.5 * masked } else { masked }
             }
@@ -95,8 +112,18 @@ impl Work {
     /// Bytes moved through HBM (a lower bound used by the roofline).
     pub fn bytes(&self, bytes_per_element: f64) -> f64 {
         match *self {
-            Work::Gemm { m, n, k, batch } => bytes_per_element * (m * k + k * n + m * n) as f64 * batch as f64,
-            Work::Attention { batch, heads, seq_q, seq_kv, head_dim, backward, .. } => {
+            Work::Gemm { m, n, k, batch } => {
+                bytes_per_element * (m * k + k * n + m * n) as f64 * batch as f64
+            }
+            Work::Attention {
+                batch,
+                heads,
+                seq_q,
+                seq_kv,
+                head_dim,
+                backward,
+                ..
+            } => {
                 let qo = 2 * batch * heads * seq_q * head_dim;
                 let kv = 2 * batch * heads * seq_kv * head_dim;
                 let f = if backward { 2.0 } else { 1.0 };

@@ -149,7 +149,11 @@ impl Summary {
             breakdown,
             model_flops,
             hardware_flops,
-            graph_ops: graph.programs.iter().map(|p| p.len() as u64 * per_stage).sum(),
+            graph_ops: graph
+                .programs
+                .iter()
+                .map(|p| p.len() as u64 * per_stage)
+                .sum(),
             programs: graph.programs.len(),
         }
     }
@@ -170,8 +174,18 @@ pub fn graph_flops(graph: &ExecutionGraph, include_recompute: bool) -> f64 {
                 }
                 let f = op.work.flops();
                 prog += match op.work {
-                    Work::Attention { seq_q, seq_kv, causal: true, .. } => f / causal_fraction(seq_q, seq_kv),
-                    Work::Attention { causal: false, seq_q, seq_kv, .. } if seq_kv < seq_q * graph.layout.cp as u64 => {
+                    Work::Attention {
+                        seq_q,
+                        seq_kv,
+                        causal: true,
+                        ..
+                    } => f / causal_fraction(seq_q, seq_kv),
+                    Work::Attention {
+                        causal: false,
+                        seq_q,
+                        seq_kv,
+                        ..
+                    } if seq_kv < seq_q * graph.layout.cp as u64 => {
                         // Context parallel: s/cp queries against s/2 keys stands for half of s/cp x s.
                         f * 2.0
                     }

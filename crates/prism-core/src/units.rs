@@ -9,9 +9,15 @@ pub type SimTime = u64;
 
 /// Converts seconds to picoseconds, rounding to nearest. Negative or NaN input is a bug.
 pub fn ps_from_s(seconds: f64) -> SimTime {
-    assert!(seconds >= 0.0 && seconds.is_finite(), "negative or non-finite duration {seconds}");
+    assert!(
+        seconds >= 0.0 && seconds.is_finite(),
+        "negative or non-finite duration {seconds}"
+    );
     let ps = (seconds * PS_PER_S).round();
-    assert!(ps < u64::MAX as f64, "duration {seconds} s overflows SimTime");
+    assert!(
+        ps < u64::MAX as f64,
+        "duration {seconds} s overflows SimTime"
+    );
     ps as SimTime
 }
 

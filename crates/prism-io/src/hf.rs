@@ -64,6 +64,8 @@ struct HfConfig {
     max_position_embeddings: Option<u32>,
     hidden_act: Option<String>,
     tie_word_embeddings: Option<bool>,
+    attention_dropout: Option<f64>,
+    hidden_dropout: Option<f64>,
     num_local_experts: Option<u32>,
     num_experts_per_tok: Option<u32>,
 }
@@ -234,5 +236,7 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
         activation,
         moe,
         tied_embeddings: cfg.tie_word_embeddings.unwrap_or(false),
+        dropout: cfg.attention_dropout.unwrap_or(0.0) > 0.0
+            || cfg.hidden_dropout.unwrap_or(0.0) > 0.0,
     })
 }

@@ -215,6 +215,7 @@ const MODEL_FIELDS: &[Field] = &[
     fld("moe_top_k", Ty::U32),
     fld("moe_ffn_hidden", Ty::U32),
     fld("tied_embeddings", Ty::Bool),
+    fld("dropout", Ty::Bool),
 ];
 
 const CLUSTER_FIELDS: &[Field] = &[
@@ -267,6 +268,7 @@ const PARALLEL_FIELDS: &[Field] = &[
 const TRAINING_FIELDS: &[Field] = &[
     alias("global_batch", Ty::U32, &["global_batch_size"]),
     fld("precision", Ty::Str),
+    fld("flash_attention", Ty::Bool),
 ];
 
 const COST_FIELDS: &[Field] = &[fld("kernel_table", Ty::Str)];
@@ -952,6 +954,7 @@ fn model_fields(m: &Model, src: &Src) -> BTreeMap<&'static str, Entry> {
         put("moe_ffn_hidden", Val::Int(moe.ffn_hidden.into()));
     }
     put("tied_embeddings", Val::Bool(m.tied_embeddings));
+    put("dropout", Val::Bool(m.dropout));
     out
 }
 
@@ -1197,6 +1200,7 @@ fn build_model(
         }
     };
     let tied_embeddings = g.bool("tied_embeddings")?.unwrap_or(false);
+    let dropout = g.bool("dropout")?.unwrap_or(false);
     let model = Model {
         name,
         layers,
@@ -1210,6 +1214,7 @@ fn build_model(
         activation,
         moe,
         tied_embeddings,
+        dropout,
     };
     Ok((model, fields))
 }
@@ -1376,9 +1381,11 @@ fn build_training(
             &[("bf16", Precision::Bf16), ("fp8", Precision::Fp8)],
         )?
         .unwrap_or(Precision::Bf16);
+    let flash_attention = g.bool("flash_attention")?.unwrap_or(true);
     Ok(Training {
         global_batch,
         precision,
+        flash_attention,
     })
 }
 

@@ -1,1 +1,132 @@
-//! report_json (placeholder)
+//! The JSON summary of a simulation: headline numbers, where the time went, memory, the job's
+//! parallel settings and (for small runs) per-rank timings.
+//!
+//! The keys `iteration_time_s`, `tokens_per_s`, `model_tflops_per_gpu`,
+//! `hardware_tflops_per_gpu`, `mfu`, `hfu`, `peak_memory_bytes`, `bubble_fraction` and `num_gpus`
+//! are a public contract. Objects are written with sorted keys, so the output is deterministic.
+
+use prism_core::SimResult;
+use prism_core::job::{Job, Precision, Recompute, Schedule};
+use prism_core::layout::Layout;
+use prism_core::report::{Breakdown, RankTiming};
+use serde_json::{Map, Value, json};
+
+/// Results with at most this many simulated ranks list them under `ranks`.
+pub const MAX_LISTED_RANKS: usize = 64;
+
+/// Name of a pipeline schedule, as job files spell it.
+pub fn schedule_name(s: Schedule) -> &'static str {
+    match s {
+        Schedule::GPipe => "gpipe",
+        Schedule::OneFOneB => "1f1b",
+        Schedule::Interleaved => "interleaved",
+    }
+}
+
+/// Name of a recompute mode, as job files spell it.
+pub fn recompute_name(r: Recompute) -> &'static str {
+    match r {
+        Recompute::None => "none",
+        Recompute::Selective => "selective",
+        Recompute::Full => "full",
+    }
+}
+
+/// Name of a precision, as job files spell it.
+pub fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Bf16 => "bf16",
+        Precision::Fp8 => "fp8",
+    }
+}
+
+/// A breakdown as `{compute_s, exposed_tp_s, ..., bubble_s}` ([`Breakdown::parts`] names plus
+/// `_s`).
+pub fn breakdown_json(b: &Breakdown) -> Value {
+    let mut m = Map::new();
+    for (name, secs) in b.parts() {
+        m.insert(format!("{name}_s"), json!(secs));
+    }
+    Value::Object(m)
+}
+
+/// One rank's timing, with its coordinates.
+pub fn rank_json(r: &RankTiming, layout: &Layout) -> Value {
+    let c = layout.coord(r.rank);
+    json!({
+        "rank": r.rank,
+        "tp": c.tp,
+        "cp": c.cp,
+        "dp": c.dp,
+        "pp": c.pp,
+        "finish_s": r.finish_s,
+        "compute_s": r.compute_s,
+        "gemm_s": r.gemm_s,
+        "breakdown": breakdown_json(&r.breakdown),
+    })
+}
+
+/// The summary of `result` (a simulation of `job`) as one JSON object.
+///
+/// Always present: the contract keys above, `name`, `stage_memory_bytes`, `breakdown`,
+/// `model_flops`, `hardware_flops`, `graph_ops`, `programs`, `events`, `tokens_per_s_per_gpu`,
+/// `ranks_simulated` and `parallel` (the job's `tp`, `pp`, `cp`, `ep`, `dp`, `vpp`,
+/// `micro_batch`, `schedule`, `recompute`, `sequence_parallel`, `distributed_optimizer`,
+/// `global_batch`, `precision`). `ranks` (per-rank timings) is present when at most
+/// [`MAX_LISTED_RANKS`] ranks were simulated.
+pub fn summary_json(result: &SimResult, job: &Job) -> Value {
+    let s = &result.summary;
+    let p = &job.parallel;
+    let per_gpu = if s.num_gpus > 0 {
+        s.tokens_per_s / s.num_gpus as f64
+    } else {
+        0.0
+    };
+    let mut v = json!({
+        "name": s.name,
+        "num_gpus": s.num_gpus,
+        "iteration_time_s": s.iteration_time_s,
+        "tokens_per_s": s.tokens_per_s,
+        "tokens_per_s_per_gpu": per_gpu,
+        "tokens_per_iteration": job.tokens_per_iteration(),
+        "micro_batches": job.micro_batches(),
+        "model_tflops_per_gpu": s.model_tflops_per_gpu,
+        "hardware_tflops_per_gpu": s.hardware_tflops_per_gpu,
+        "mfu": s.mfu,
+        "hfu": s.hfu,
+        "peak_memory_bytes": s.peak_memory_bytes,
+        "stage_memory_bytes": s.stage_memory_bytes,
+        "bubble_fraction": s.bubble_fraction,
+        "breakdown": breakdown_json(&s.breakdown),
+        "model_flops": s.model_flops,
+        "hardware_flops": s.hardware_flops,
+        "graph_ops": s.graph_ops,
+        "programs": s.programs,
+        "events": result.events,
+        "ranks_simulated": result.ranks.len(),
+        "model": job.model.name,
+        "cluster": job.cluster.name,
+        "gpu": job.cluster.gpu.name,
+        "parallel": {
+            "tp": p.tp,
+            "pp": p.pp,
+            "cp": p.cp,
+            "ep": p.ep,
+            "dp": p.dp,
+            "vpp": p.vpp,
+            "micro_batch": p.micro_batch,
+            "schedule": schedule_name(p.schedule),
+            "recompute": recompute_name(p.recompute),
+            "sequence_parallel": p.sequence_parallel,
+            "distributed_optimizer": p.distributed_optimizer,
+            "global_batch": job.training.global_batch,
+            "precision": precision_name(job.training.precision),
+        },
+    });
+    if result.ranks.len() <= MAX_LISTED_RANKS {
+        let layout = &result.graph.layout;
+        let ranks: Vec<Value> = result.ranks.iter().map(|r| rank_json(r, layout)).collect();
+        v["ranks"] = Value::Array(ranks);
+    }
+    v
+}

@@ -1110,6 +1110,7 @@ fn hf_fixtures_parse() {
             activation: Activation::SwiGlu,
             moe: None,
             tied_embeddings: false,
+            dropout: false,
         }
     );
     // Same architecture as the preset (except the name).
@@ -1138,6 +1139,7 @@ fn hf_fixtures_parse() {
             activation: Activation::SwiGlu,
             moe: None,
             tied_embeddings: false,
+            dropout: false,
         }
     );
     let mistral = read_hf("hf/mistral-7b.json");

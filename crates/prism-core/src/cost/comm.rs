@@ -75,7 +75,11 @@ impl Default for CommParams {
     /// the NVLink rate as bus bandwidth and about 90% of an InfiniBand/RoCE NIC's rate across
     /// nodes (nccl-tests reports on DGX A100/H100); launch about 10 us.
     fn default() -> Self {
-        CommParams { nvlink_efficiency: 0.78, nic_efficiency: 0.90, launch_us: 10.0 }
+        CommParams {
+            nvlink_efficiency: 0.78,
+            nic_efficiency: 0.90,
+            launch_us: 10.0,
+        }
     }
 }
 
@@ -108,14 +112,20 @@ impl CommPlan {
     /// NIC bandwidth)`.
     pub fn idle_seconds(&self, cluster: &Cluster, params: &CommParams) -> f64 {
         let nic = self.nic_bytes as f64 / nic_bytes_per_s(cluster, params) as f64;
-        let nic_ps = if self.nic_bytes == 0 { 0 } else { ps_from_s(nic).max(1) };
+        let nic_ps = if self.nic_bytes == 0 {
+            0
+        } else {
+            ps_from_s(nic).max(1)
+        };
         (self.latency_ps + self.nvlink_ps.max(nic_ps)) as f64 * 1e-12
     }
 }
 
 /// Effective NIC bandwidth of one GPU, bytes per second (integer, as the network model uses).
 pub fn nic_bytes_per_s(cluster: &Cluster, params: &CommParams) -> u64 {
-    (cluster.nic_gbps * 1e9 / 8.0 * params.nic_efficiency).round().max(1.0) as u64
+    (cluster.nic_gbps * 1e9 / 8.0 * params.nic_efficiency)
+        .round()
+        .max(1.0) as u64
 }
 
 /// Effective NVLink bandwidth of one GPU, bytes per second.
@@ -124,7 +134,11 @@ pub fn nvlink_bytes_per_s(cluster: &Cluster, params: &CommParams) -> f64 {
 }
 
 fn ps(seconds: f64) -> SimTime {
-    if seconds <= 0.0 { 0 } else { ps_from_s(seconds) }
+    if seconds <= 0.0 {
+        0
+    } else {
+        ps_from_s(seconds)
+    }
 }
 
 /// Plans a collective of `bytes` over a group of `shape` on `cluster`.
@@ -139,7 +153,12 @@ pub fn plan_collective(
     let k = shape.per_node.max(1) as f64;
     let launch = params.launch_us * 1e-6;
     if shape.ranks <= 1 {
-        return CommPlan { algorithm: Algorithm::Ring, latency_ps: 0, nvlink_ps: 0, nic_bytes: 0 };
+        return CommPlan {
+            algorithm: Algorithm::Ring,
+            latency_ps: 0,
+            nvlink_ps: 0,
+            nic_bytes: 0,
+        };
     }
     let s = bytes as f64;
     let (factor, steps) = match op {
@@ -216,12 +235,26 @@ mod tests {
         let c = h100_cluster(1);
         let p = CommParams::default();
         let bytes = 64u64 << 20;
-        let plan =
-            plan_collective(Collective::AllReduce, bytes, GroupShape { ranks: 8, nodes: 1, per_node: 8 }, &c, &p);
+        let plan = plan_collective(
+            Collective::AllReduce,
+            bytes,
+            GroupShape {
+                ranks: 8,
+                nodes: 1,
+                per_node: 8,
+            },
+            &c,
+            &p,
+        );
         let alpha = p.launch_us * 1e-6 + 14.0 * c.nvlink_latency_us * 1e-6;
-        let beta = 2.0 * 7.0 / 8.0 * bytes as f64 / (c.nvlink_gbps * 1e9 / 8.0 * p.nvlink_efficiency);
+        let beta =
+            2.0 * 7.0 / 8.0 * bytes as f64 / (c.nvlink_gbps * 1e9 / 8.0 * p.nvlink_efficiency);
         let got = plan.idle_seconds(&c, &p);
-        assert!((got - (alpha + beta)).abs() < 1e-9, "{got} vs {}", alpha + beta);
+        assert!(
+            (got - (alpha + beta)).abs() < 1e-9,
+            "{got} vs {}",
+            alpha + beta
+        );
     }
 
     #[test]
@@ -233,7 +266,11 @@ mod tests {
         let plan = plan_collective(
             Collective::AllReduce,
             bytes,
-            GroupShape { ranks: 32, nodes: 4, per_node: 8 },
+            GroupShape {
+                ranks: 32,
+                nodes: 4,
+                per_node: 8,
+            },
             &c,
             &p,
         );
@@ -243,7 +280,11 @@ mod tests {
         let rs = plan_collective(
             Collective::ReduceScatter,
             bytes,
-            GroupShape { ranks: 32, nodes: 4, per_node: 8 },
+            GroupShape {
+                ranks: 32,
+                nodes: 4,
+                per_node: 8,
+            },
             &c,
             &p,
         );
@@ -254,7 +295,11 @@ mod tests {
     fn tree_wins_for_small_messages_on_many_nodes() {
         let c = h100_cluster(512);
         let p = CommParams::default();
-        let shape = GroupShape { ranks: 512, nodes: 512, per_node: 1 };
+        let shape = GroupShape {
+            ranks: 512,
+            nodes: 512,
+            per_node: 1,
+        };
         let small = plan_collective(Collective::AllReduce, 1024, shape, &c, &p);
         assert_eq!(small.algorithm, Algorithm::Tree);
         let rs = plan_collective(Collective::ReduceScatter, 1024, shape, &c, &p);
@@ -268,7 +313,11 @@ mod tests {
         let plan = plan_collective(
             Collective::AllReduce,
             1 << 20,
-            GroupShape { ranks: 1, nodes: 1, per_node: 1 },
+            GroupShape {
+                ranks: 1,
+                nodes: 1,
+                per_node: 1,
+            },
             &c,
             &CommParams::default(),
         );
