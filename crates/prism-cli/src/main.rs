@@ -1,1 +1,372 @@
-fn main() {}
+//! `prism`: predicts how LLM training behaves on 1,000 to 100,000 GPUs.
+//!
+//! `prism simulate [JOB.toml]` simulates one iteration of a job (the embedded Llama 3 405B on
+//! 16,384 H100 example when no file is given) and prints where the time goes.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use prism_core::engine::{Mode, SimOptions, SimResult};
+use prism_core::job::Job;
+use prism_core::memory;
+
+/// Prism: training-cluster performance prediction.
+#[derive(Debug, Parser)]
+#[command(name = "prism", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Simulate one training iteration and report time, throughput, MFU, memory and breakdown.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SimulateArgs {
+    /// Job file (TOML, see docs/job-format.md). Without it, the embedded default example:
+    /// Llama 3 405B on 16,384 H100 (tp 8, pp 16, dp 128, 2048 x 8192 tokens).
+    job: Option<PathBuf>,
+    /// Override a job key, e.g. `--set parallel.tp=4` (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    sets: Vec<String>,
+    /// Print one JSON object instead of the human summary.
+    #[arg(long)]
+    json: bool,
+    /// Write a Chrome trace (Trace Event JSON; open in ui.perfetto.dev).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Ranks in the trace: `all` or a list like `0,8,100-103` (default: a sample).
+    #[arg(long, value_name = "all|LIST")]
+    trace_ranks: Option<String>,
+    /// Simulate only these ranks (plus one representative of every other stage that they
+    /// depend on); their timings equal the full run's.
+    #[arg(long, value_name = "LIST")]
+    ranks: Option<String>,
+    /// Simulate one representative per pipeline stage (exact for symmetric jobs, much faster).
+    #[arg(long, conflicts_with = "ranks")]
+    reduced: bool,
+    /// Simulate even when the memory model says a stage does not fit in GPU memory.
+    #[arg(long)]
+    allow_oom: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Simulate(args) => simulate(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Parses `0,8,100-103` into ranks, checking them against `num_ranks`.
+fn parse_rank_list(text: &str, flag: &str, num_ranks: u32) -> Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let parse = |s: &str| -> Result<u32> {
+            s.parse::<u32>()
+                .with_context(|| format!("{flag}: `{part}` is not a rank or a range like 4-7"))
+        };
+        let (lo, hi) = (parse(lo)?, parse(hi)?);
+        if lo > hi {
+            bail!("{flag}: range `{part}` is empty (start > end)");
+        }
+        if hi >= num_ranks {
+            bail!(
+                "{flag}: rank {hi} does not exist (the job has ranks 0-{})",
+                num_ranks - 1
+            );
+        }
+        if (hi - lo) as usize + out.len() > 1 << 20 {
+            bail!("{flag}: too many ranks");
+        }
+        out.extend(lo..=hi);
+    }
+    if out.is_empty() {
+        bail!("{flag}: no ranks given");
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// A few ranks that show the pipeline: the first rank of every stage and the job's last rank.
+fn sample_ranks(job: &Job) -> Vec<u32> {
+    let p = &job.parallel;
+    let stage = p.tp * p.cp * p.dp;
+    let mut v: Vec<u32> = (0..p.pp).map(|s| s * stage).collect();
+    v.push(p.tp * p.cp * p.dp * p.pp - 1);
+    v.dedup();
+    v
+}
+
+fn check_memory(job: &Job) -> Result<()> {
+    let (stage, peak) = memory::peak_memory(job);
+    let capacity = job.cluster.gpu.hbm_gib * GIB;
+    if peak.total() as f64 > capacity {
+        bail!(
+            "cluster.hbm_gib: pipeline stage {stage} needs {:.1} GiB per GPU but the GPU has {:.1} GiB \
+             (weights {:.1} + gradients {:.1} + optimizer {:.1} + activations {:.1} + workspace {:.1} GiB); \
+             use recompute, more tensor/pipeline parallelism, the distributed optimizer or a smaller \
+             micro-batch, or pass --allow-oom to simulate anyway",
+            gib(peak.total()),
+            job.cluster.gpu.hbm_gib,
+            gib(peak.weights),
+            gib(peak.gradients),
+            gib(peak.optimizer),
+            gib(peak.activations),
+            gib(peak.workspace),
+        );
+    }
+    Ok(())
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / GIB
+}
+
+fn simulate(args: &SimulateArgs) -> Result<()> {
+    let loaded = match &args.job {
+        Some(path) => prism_io::jobfile::load_job_file(path, &args.sets)?,
+        None => prism_io::jobfile::default_job(&args.sets)?,
+    };
+    let job = &loaded.job;
+    let num_ranks = job.num_gpus() as u32;
+    if !args.allow_oom {
+        check_memory(job)?;
+    }
+    let kernel_table = match &loaded.kernel_table {
+        Some(path) => Some(prism_io::kernel_table::read_kernel_table(path)?),
+        None => None,
+    };
+    let mode = match (&args.ranks, args.reduced) {
+        (Some(list), _) => Mode::Slice(parse_rank_list(list, "--ranks", num_ranks)?),
+        (None, true) => Mode::Reduced,
+        (None, false) => Mode::Full,
+    };
+    let record_ranks = if args.trace.is_some() {
+        match args.trace_ranks.as_deref() {
+            Some("all") => {
+                if num_ranks > 4096 {
+                    bail!(
+                        "--trace-ranks all: {num_ranks} ranks would make a trace too large to open; give a list"
+                    );
+                }
+                (0..num_ranks).collect()
+            }
+            Some(list) => parse_rank_list(list, "--trace-ranks", num_ranks)?,
+            None => sample_ranks(job),
+        }
+    } else {
+        Vec::new()
+    };
+    // In reduced and sliced runs only simulated ranks can be traced.
+    let record_ranks = match &mode {
+        Mode::Full => record_ranks,
+        Mode::Reduced => {
+            let reps: Vec<u32> = sample_ranks(job)[..job.parallel.pp as usize].to_vec();
+            reps
+        }
+        Mode::Slice(list) => list.clone(),
+    };
+    let opts = SimOptions {
+        mode,
+        kernel_table,
+        record_ranks,
+        ..SimOptions::default()
+    };
+    let result = prism_core::simulate(job, &opts).context("simulation failed")?;
+    if let Some(path) = &args.trace {
+        let file = File::create(path)
+            .with_context(|| format!("cannot create trace file {}", path.display()))?;
+        let mut w = BufWriter::new(file);
+        prism_io::trace::write_chrome_trace(&result, &mut w)
+            .and_then(|_| w.flush())
+            .with_context(|| format!("cannot write trace file {}", path.display()))?;
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        let v = prism_io::report_json::summary_json(&result, job);
+        serde_json::to_writer_pretty(&mut out, &v)?;
+        writeln!(out)?;
+    } else {
+        print_summary(&mut out, job, &result, &loaded.source, args)?;
+    }
+    Ok(())
+}
+
+fn schedule_name(job: &Job) -> &'static str {
+    match job.parallel.schedule {
+        prism_core::job::Schedule::GPipe => "gpipe",
+        prism_core::job::Schedule::OneFOneB => "1f1b",
+        prism_core::job::Schedule::Interleaved => "interleaved 1f1b",
+    }
+}
+
+fn print_summary(
+    out: &mut impl Write,
+    job: &Job,
+    r: &SimResult,
+    source: &str,
+    args: &SimulateArgs,
+) -> Result<()> {
+    let s = &r.summary;
+    let p = &job.parallel;
+    let t = s.iteration_time_s;
+    writeln!(out, "Prism simulate: {}  ({source})", s.name)?;
+    writeln!(
+        out,
+        "  {} x {} GPUs ({} nodes); tp {} pp {} cp {} ep {} dp {}; {} schedule{}, micro-batch {}, {} micro-batches; recompute {:?}; {}",
+        s.num_gpus,
+        job.cluster.gpu.name,
+        job.cluster.nodes,
+        p.tp,
+        p.pp,
+        p.cp,
+        p.ep,
+        p.dp,
+        schedule_name(job),
+        if p.vpp > 1 {
+            format!(" (vpp {})", p.vpp)
+        } else {
+            String::new()
+        },
+        p.micro_batch,
+        job.micro_batches(),
+        p.recompute,
+        job.training.precision,
+    )?;
+    let mode = match (&args.ranks, args.reduced) {
+        (Some(_), _) => "slice (requested ranks + one representative per stage)",
+        (None, true) => "reduced (one representative per pipeline stage)",
+        _ => "full (every rank)",
+    };
+    writeln!(
+        out,
+        "  simulated: {mode}; {} events, {} graph ops in {} programs",
+        r.events, s.graph_ops, s.programs
+    )?;
+    writeln!(out)?;
+    writeln!(out, "  iteration time          {:>10.3} s", t)?;
+    writeln!(
+        out,
+        "  throughput              {:>10.0} tokens/s  ({:.0} per GPU)",
+        s.tokens_per_s,
+        s.tokens_per_s / s.num_gpus as f64
+    )?;
+    writeln!(
+        out,
+        "  model TFLOP/s per GPU   {:>10.1}      MFU {:>5.1}%",
+        s.model_tflops_per_gpu,
+        100.0 * s.mfu
+    )?;
+    writeln!(
+        out,
+        "  hardware TFLOP/s / GPU  {:>10.1}      HFU {:>5.1}%",
+        s.hardware_tflops_per_gpu,
+        100.0 * s.hfu
+    )?;
+    writeln!(
+        out,
+        "  pipeline bubble         {:>10.1} %",
+        100.0 * s.bubble_fraction
+    )?;
+    let (stage, _) = memory::peak_memory(job);
+    writeln!(
+        out,
+        "  peak memory             {:>10.1} GiB per GPU (stage {stage}) of {:.0} GiB",
+        gib(s.peak_memory_bytes),
+        job.cluster.gpu.hbm_gib
+    )?;
+    let per_stage: Vec<String> = s
+        .stage_memory_bytes
+        .iter()
+        .map(|&b| format!("{:.1}", gib(b)))
+        .collect();
+    writeln!(out, "  memory per stage (GiB)  {}", per_stage.join(" "))?;
+    writeln!(out)?;
+    writeln!(out, "  where the time goes (mean per GPU)")?;
+    for (name, secs) in s.breakdown.parts() {
+        let label = match name {
+            "compute" => "compute",
+            "exposed_tp" => "exposed TP comm",
+            "exposed_cp" => "exposed CP comm",
+            "exposed_ep" => "exposed EP comm",
+            "exposed_pp" => "exposed PP comm",
+            "exposed_dp" => "exposed DP comm",
+            _ => "pipeline bubble",
+        };
+        let bar = "#".repeat((40.0 * secs / t).round().clamp(0.0, 40.0) as usize);
+        writeln!(
+            out,
+            "    {label:<17} {secs:>9.3} s {:>6.1}%  {bar}",
+            100.0 * secs / t
+        )?;
+    }
+    if let Some(list) = &args.ranks {
+        let _ = list;
+        writeln!(out)?;
+        writeln!(
+            out,
+            "  requested ranks (finish s, compute s, exposed comm s, bubble s)"
+        )?;
+        for rt in &r.ranks {
+            let b = &rt.breakdown;
+            writeln!(
+                out,
+                "    rank {:>6}  {:>9.4}  {:>9.4}  {:>9.4}  {:>9.4}",
+                rt.rank,
+                rt.finish_s,
+                rt.compute_s,
+                b.tp_s + b.cp_s + b.ep_s + b.pp_s + b.dp_s,
+                b.bubble_s
+            )?;
+        }
+    }
+    if let Some(path) = &args.trace {
+        writeln!(out)?;
+        writeln!(
+            out,
+            "  trace: {} ({} ranks) - open it at https://ui.perfetto.dev",
+            path.display(),
+            r.timelines.len()
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_lists_parse_and_reject() {
+        assert_eq!(
+            parse_rank_list("0, 8,3-5,5", "--ranks", 16).unwrap(),
+            vec![0, 3, 4, 5, 8]
+        );
+        for bad in ["", "x", "3-1", "16", "2-99", "-"] {
+            let e = parse_rank_list(bad, "--ranks", 16).unwrap_err().to_string();
+            assert!(e.starts_with("--ranks"), "{bad}: {e}");
+        }
+    }
+}

@@ -129,14 +129,17 @@ enum Event {
     Flow { flow: u32, generation: u32 },
 }
 
-/// The pending-event set. Events of the current instant wait in a FIFO; later ones in a
-/// monotone radix heap keyed by time (time never goes backwards in the engine, which is what a
-/// radix heap needs). Pop order is a pure function of the push sequence, so runs are
-/// reproducible; within one instant the engine's results do not depend on that order.
+/// The pending-event set: the events of the current instant in a FIFO; later events in one
+/// FIFO bucket per distinct time, with the distinct times in a monotone radix heap (time never
+/// goes backwards in the engine, which is what a radix heap needs). An instant's bucket moves to
+/// the FIFO whole, so "every event of this instant is done" is exact, and pop order is a pure
+/// function of the push sequence. Buckets are looked up by key only (never iterated).
 struct EventQueue {
     now: SimTime,
     current: std::collections::VecDeque<Event>,
-    later: radix_heap::RadixHeapMap<u64, Event>,
+    times: radix_heap::RadixHeapMap<u64, ()>,
+    buckets: rustc_hash::FxHashMap<SimTime, Vec<Event>>,
+    pool: Vec<Vec<Event>>,
 }
 
 impl EventQueue {
@@ -144,7 +147,9 @@ impl EventQueue {
         EventQueue {
             now: 0,
             current: Default::default(),
-            later: radix_heap::RadixHeapMap::new(),
+            times: radix_heap::RadixHeapMap::new(),
+            buckets: Default::default(),
+            pool: Vec::new(),
         }
     }
 
@@ -152,9 +157,17 @@ impl EventQueue {
         debug_assert!(time >= self.now, "event scheduled in the past");
         if time == self.now {
             self.current.push_back(ev);
-        } else {
-            // Max-heap over the complement of time = min-heap over time.
-            self.later.push(u64::MAX - time, ev);
+            return;
+        }
+        match self.buckets.entry(time) {
+            std::collections::hash_map::Entry::Occupied(mut e) => e.get_mut().push(ev),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let mut v = self.pool.pop().unwrap_or_default();
+                v.push(ev);
+                e.insert(v);
+                // Max-heap over the complement of time = min-heap over time.
+                self.times.push(u64::MAX - time, ());
+            }
         }
     }
 
@@ -164,12 +177,17 @@ impl EventQueue {
     }
 
     fn pop(&mut self) -> Option<(SimTime, Event)> {
-        if let Some(ev) = self.current.pop_front() {
-            return Some((self.now, ev));
+        if self.current.is_empty() {
+            let (k, ()) = self.times.pop()?;
+            self.now = u64::MAX - k;
+            let mut v = self
+                .buckets
+                .remove(&self.now)
+                .expect("bucket of a pending time");
+            self.current.extend(v.drain(..));
+            self.pool.push(v);
         }
-        let (k, ev) = self.later.pop()?;
-        self.now = u64::MAX - k;
-        Some((self.now, ev))
+        self.current.pop_front().map(|ev| (self.now, ev))
     }
 }
 
@@ -495,6 +513,7 @@ struct Sim<'a> {
     now: SimTime,
     events: u64,
     scratch_links: Vec<(LinkId, u32)>,
+    members_scratch: Vec<u32>,
     flow_ends: Vec<FlowEnd>,
     timelines: Vec<RankTimeline>,
     remaining_ops: u64,
@@ -626,6 +645,7 @@ impl<'a> Sim<'a> {
             now: 0,
             events: 0,
             scratch_links: Vec::new(),
+            members_scratch: Vec::new(),
             flow_ends: Vec::new(),
             timelines,
             remaining_ops,
@@ -643,7 +663,7 @@ impl<'a> Sim<'a> {
 
     fn run(&mut self) -> Result<(), SimError> {
         for i in 0..self.insts.len() as u32 {
-            self.advance(i);
+            self.advance(i, ((1u16 << NUM_STREAMS) - 1) as u8);
         }
         loop {
             // Rates are recomputed once per instant, after everything that happens at it.
@@ -705,30 +725,34 @@ impl<'a> Sim<'a> {
     fn handle(&mut self, ev: Event) {
         match ev {
             Event::OpDone { inst, stream } => {
-                self.complete(inst, stream as usize, None);
-                self.advance(inst);
+                let mask = self.complete(inst, stream as usize, None);
+                self.advance(inst, mask);
             }
             Event::CollDone { kind, id } => {
                 let k = GROUP_KINDS[kind as usize];
                 let stream = stream_of(k);
                 if self.full {
                     let start = self.groups[kind as usize].start[id as usize];
-                    let members: Vec<u32> = self.layout.members(k, id).collect();
+                    let mut members = std::mem::take(&mut self.members_scratch);
+                    members.clear();
+                    members.extend(self.layout.members(k, id));
+                    let mut mask = 0;
                     for &m in &members {
-                        self.complete(m, stream, Some(start));
+                        mask |= self.complete(m, stream, Some(start));
                     }
                     for &m in &members {
-                        self.advance(m);
+                        self.advance(m, mask);
                     }
+                    self.members_scratch = members;
                 } else {
-                    self.complete(id, stream, None);
-                    self.advance(id);
+                    let mask = self.complete(id, stream, None);
+                    self.advance(id, mask);
                 }
             }
             Event::SendDone { inst } => {
                 self.deliver(inst);
-                self.complete(inst, Stream::PpSend as usize, None);
-                self.advance(inst);
+                let mask = self.complete(inst, Stream::PpSend as usize, None);
+                self.advance(inst, mask);
             }
             Event::Flow { flow, generation } => {
                 let end = FlowEnd {
@@ -785,13 +809,14 @@ impl<'a> Sim<'a> {
         self.mail[idx] = (self.now, sent_at);
         if t.recv_wait == slot {
             self.insts[target as usize].recv_wait = WAIT_NONE;
-            self.complete(target, Stream::PpRecv as usize, None);
-            self.advance(target);
+            let mask = self.complete(target, Stream::PpRecv as usize, None);
+            self.advance(target, mask);
         }
     }
 
-    /// Marks the current op of `stream` done at `now`.
-    fn complete(&mut self, inst: u32, stream: usize, start: Option<SimTime>) {
+    /// Marks the current op of `stream` done at `now`; returns the streams (bit mask) whose next
+    /// op may have become ready.
+    fn complete(&mut self, inst: u32, stream: usize, start: Option<SimTime>) -> u8 {
         let now = self.now;
         let p = self.program(inst);
         let i = &mut self.insts[inst as usize];
@@ -812,15 +837,17 @@ impl<'a> Sim<'a> {
             });
         }
         self.remaining_ops -= 1;
+        // The stream itself and the streams of ops waiting on this one may move now.
+        p.dependent_streams[op as usize] | (1 << stream)
     }
 
-    /// Starts every op of `inst` that can start now.
-    fn advance(&mut self, inst: u32) {
+    /// Starts every op of `inst` on the streams in `mask` that can start now.
+    fn advance(&mut self, inst: u32, mut mask: u8) {
         let p = self.program(inst);
-        let mut progress = true;
-        while progress {
-            progress = false;
-            for s in 0..NUM_STREAMS {
+        while mask != 0 {
+            let s = mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            {
                 let i = &self.insts[inst as usize];
                 if i.busy[s] || i.pc[s] as usize >= p.stream_ops[s].len() {
                     continue;
@@ -841,15 +868,15 @@ impl<'a> Sim<'a> {
                 if !ready {
                     continue;
                 }
-                if self.start(inst, s, op, blocker) {
-                    progress = true;
+                if let Some(more) = self.start(inst, s, op, blocker) {
+                    mask |= more;
                 }
             }
         }
     }
 
-    /// Starts `op` on stream `s`; returns true when the op completed immediately.
-    fn start(&mut self, inst: u32, s: usize, op: u32, blocker: Option<usize>) -> bool {
+    /// Starts `op` on stream `s`; when it completed at once, returns the streams to re-check.
+    fn start(&mut self, inst: u32, s: usize, op: u32, blocker: Option<usize>) -> Option<u8> {
         let now = self.now;
         let p = self.program(inst);
         {
@@ -868,7 +895,7 @@ impl<'a> Sim<'a> {
                         stream: s as u8,
                     },
                 );
-                false
+                None
             }
             OpKind::Collective {
                 group,
@@ -876,20 +903,19 @@ impl<'a> Sim<'a> {
                 bytes,
             } => {
                 self.arrive(inst, group, coll, bytes);
-                false
+                None
             }
             OpKind::Send { delta, bytes, .. } => {
                 self.start_send(inst, delta, bytes);
-                false
+                None
             }
             OpKind::Recv { slot } => {
                 let idx = (self.insts[inst as usize].mailbox + slot) as usize;
                 if self.mail[idx].0 != NOT_YET {
-                    self.complete(inst, s, None);
-                    true
+                    Some(self.complete(inst, s, None))
                 } else {
                     self.insts[inst as usize].recv_wait = slot;
-                    false
+                    None
                 }
             }
         }

@@ -170,6 +170,8 @@ pub struct Program {
     pub recv_slots: u32,
     /// True for ops that some op on another stream depends on.
     pub has_dependents: Vec<bool>,
+    /// Bit `s` set when an op on stream `s` depends on this op.
+    pub dependent_streams: Vec<u8>,
 }
 
 impl Program {
@@ -199,12 +201,14 @@ impl Program {
         self.stream_ops[stream as usize].push(id);
         self.tag.push(tag);
         self.has_dependents.push(false);
+        self.dependent_streams.push(0);
         for &d in deps {
             if self.stream[d as usize] != stream
                 && !self.deps[self.dep_off[id as usize] as usize..].contains(&d)
             {
                 self.deps.push(d);
                 self.has_dependents[d as usize] = true;
+                self.dependent_streams[d as usize] |= 1 << stream as u8;
             }
         }
         self.dep_off.push(self.deps.len() as u32);

@@ -14,6 +14,18 @@
 //! The core does no I/O: no files, no clocks, no environment, no global randomness. Formats live
 //! in `prism-io`; the command line in `prism-cli`.
 //!
+//! ```
+//! use prism_core::{job::fixtures::small_job, simulate, Mode, SimOptions};
+//! // A small GPT on 2 nodes of 8 H100: tp 2, pp 2, dp 4, 16 sequences per iteration.
+//! let job = small_job(2, 2, 2, 16);
+//! job.validate().unwrap();
+//! let full = simulate(&job, &SimOptions::default()).unwrap();
+//! assert!(full.summary.iteration_time_s > 0.0 && full.summary.mfu < 1.0);
+//! // One representative per pipeline stage gives exactly the same iteration time.
+//! let reduced = simulate(&job, &SimOptions { mode: Mode::Reduced, ..Default::default() }).unwrap();
+//! assert_eq!(full.summary.iteration_time_s, reduced.summary.iteration_time_s);
+//! ```
+//!
 
 pub mod cost;
 pub mod engine;

@@ -204,6 +204,9 @@ pub struct Network {
     link_mark: Vec<u32>,
     flow_mark: Vec<u32>,
     epoch: u32,
+    /// Settle round in which each link's component was last recomputed.
+    link_round: Vec<u32>,
+    round: u32,
     // Scratch, reused across recomputations.
     comp_links: Vec<LinkId>,
     comp_flows: Vec<FlowId>,
@@ -211,8 +214,20 @@ pub struct Network {
     weight: Vec<u64>,
     frozen: Vec<bool>,
     new_rate: Vec<u64>,
+    live: Vec<LinkId>,
+    tied: Vec<LinkId>,
     /// Number of rate recomputations (for diagnostics).
     pub recomputations: u64,
+    /// Progressive-filling rounds and links scanned (for diagnostics).
+    pub rounds: u64,
+    /// Links scanned by progressive filling (for diagnostics).
+    pub scanned: u64,
+    /// Settle calls (for diagnostics).
+    pub settles: u64,
+    /// Flows added (for diagnostics).
+    pub adds: u64,
+    /// Flows in recomputed components (for diagnostics).
+    pub comp_flow_total: u64,
 }
 
 impl Network {
@@ -232,13 +247,22 @@ impl Network {
             link_mark: vec![0; n],
             flow_mark: Vec::new(),
             epoch: 0,
+            link_round: vec![0; n],
+            round: 0,
             comp_links: Vec::new(),
             comp_flows: Vec::new(),
             rem: vec![0; n],
             weight: vec![0; n],
             frozen: Vec::new(),
             new_rate: Vec::new(),
+            live: Vec::new(),
+            tied: Vec::new(),
             recomputations: 0,
+            rounds: 0,
+            scanned: 0,
+            settles: 0,
+            adds: 0,
+            comp_flow_total: 0,
         }
     }
 
@@ -249,6 +273,7 @@ impl Network {
             !links.is_empty() && bytes > 0,
             "a flow needs links and bytes"
         );
+        self.adds += 1;
         let id = match self.free.pop() {
             Some(id) => id,
             None => {
@@ -316,21 +341,27 @@ impl Network {
     /// Recomputes max-min fair rates of every component touched since the last call, at `now`,
     /// and appends the new completion times of flows whose rate changed to `out`.
     pub fn settle(&mut self, now: SimTime, out: &mut Vec<FlowEnd>) {
+        self.settles += 1;
+        self.round = self.round.wrapping_add(1);
+        if self.round == 0 {
+            self.link_round.iter_mut().for_each(|m| *m = 0);
+            self.round = 1;
+        }
         while let Some(start) = self.dirty.pop() {
+            // Already recomputed with an earlier component of this round.
+            if self.link_round[start as usize] == self.round {
+                continue;
+            }
             self.epoch = self.epoch.wrapping_add(1);
             if self.epoch == 0 {
                 self.link_mark.iter_mut().for_each(|m| *m = 0);
                 self.flow_mark.iter_mut().for_each(|m| *m = 0);
                 self.epoch = 1;
             }
-            if self.link_mark[start as usize] == self.epoch {
-                continue;
-            }
             self.collect_component(start);
-            // Other dirty links of this component are handled now.
-            let epoch = self.epoch;
-            let marks = &self.link_mark;
-            self.dirty.retain(|&l| marks[l as usize] != epoch);
+            for &l in &self.comp_links {
+                self.link_round[l as usize] = self.round;
+            }
             if !self.comp_flows.is_empty() {
                 self.fill(now, out);
             }
@@ -366,6 +397,20 @@ impl Network {
     /// Progressive filling over the current component.
     fn fill(&mut self, now: SimTime, out: &mut Vec<FlowEnd>) {
         self.recomputations += 1;
+        self.comp_flow_total += self.comp_flows.len() as u64;
+        if let [f] = self.comp_flows[..] {
+            // A flow alone on its links runs at its tightest link's rate.
+            let rate = self.flows[f as usize]
+                .links
+                .iter()
+                .map(|&(l, c)| self.capacity[l as usize] / c as u64)
+                .min()
+                .unwrap_or(1)
+                .max(1);
+            self.new_rate[f as usize] = rate;
+            self.apply_rates(now, out);
+            return;
+        }
         for &l in &self.comp_links {
             self.rem[l as usize] = self.capacity[l as usize];
             self.weight[l as usize] = 0;
@@ -378,10 +423,14 @@ impl Network {
         }
         let mut unfrozen = self.comp_flows.len();
         // Links still carrying unfrozen flows; shrinks as links saturate.
-        let mut live: Vec<LinkId> = self.comp_links.clone();
-        let mut tied: Vec<LinkId> = Vec::new();
+        let mut live = std::mem::take(&mut self.live);
+        let mut tied = std::mem::take(&mut self.tied);
+        live.clear();
+        live.extend_from_slice(&self.comp_links);
         while unfrozen > 0 {
             live.retain(|&l| self.weight[l as usize] > 0);
+            self.rounds += 1;
+            self.scanned += live.len() as u64;
             // The smallest fair share rem/w, compared exactly as rationals.
             let mut best = live[0];
             for &l in &live[1..] {
@@ -419,6 +468,14 @@ impl Network {
                 self.link_flows[link as usize] = on_link;
             }
         }
+        self.live = live;
+        self.tied = tied;
+        self.apply_rates(now, out);
+    }
+
+    /// Moves every flow of the component to its new rate, keeping its progress, and reports
+    /// the new completion time of each flow whose rate changed.
+    fn apply_rates(&mut self, now: SimTime, out: &mut Vec<FlowEnd>) {
         for &f in &self.comp_flows {
             let flow = &mut self.flows[f as usize];
             let rate = self.new_rate[f as usize];

@@ -1,0 +1,1313 @@
+//! Integration tests of the engine and its companions (graph, FLOP counts, memory, collective
+//! costs) against independent truth: closed forms from the literature, textbook alpha-beta
+//! costs, schedule bubble formulas, and invariants any correct simulator must keep
+//! (exactness of the reduced and sliced modes, determinism, conservation of time, monotonicity).
+//!
+//! Jobs are built only through `job::fixtures` and field assignment.
+//!
+//! Every closed-form comparison prints its observed relative error with `eprintln!`; run with
+//! `cargo test -p prism-core --test engine --release -- --nocapture` to see them.
+
+use std::collections::BTreeMap;
+
+use prism_core::cost::comm::{
+    Algorithm, Collective, CommParams, GroupShape, nic_bytes_per_s, nvlink_bytes_per_s,
+    plan_collective,
+};
+use prism_core::cost::compute::{ComputeParams, KernelTable, shape_key};
+use prism_core::engine::{SimError, SimResult};
+use prism_core::flops;
+use prism_core::graph::{ExecutionGraph, NONE, OpKind, Phase, Stream};
+use prism_core::job::fixtures::{h100_cluster, small_job};
+use prism_core::job::{Activation, Job, Recompute, Schedule};
+use prism_core::layout::GroupKind;
+use prism_core::memory;
+use prism_core::ops::Work;
+use prism_core::report::graph_flops;
+use prism_core::{Mode, SimOptions, simulate};
+
+use proptest::prelude::*;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn rel(a: f64, b: f64) -> f64 {
+    if a == b { 0.0 } else { ((a - b) / b).abs() }
+}
+
+fn valid(job: Job) -> Job {
+    if let Err(e) = job.validate() {
+        panic!("test job is invalid: {e}");
+    }
+    job
+}
+
+fn run(job: &Job, opts: &SimOptions) -> SimResult {
+    simulate(job, opts).unwrap_or_else(|e| panic!("simulate failed: {e}"))
+}
+
+fn full(job: &Job) -> SimResult {
+    run(job, &SimOptions::default())
+}
+
+fn with_mode(mode: Mode) -> SimOptions {
+    SimOptions {
+        mode,
+        ..SimOptions::default()
+    }
+}
+
+/// GPT-3 175B (Brown et al. 2020) dims on top of `small_job`'s layout: h 12288, 96 heads of 128,
+/// 96 layers, s 2048, V 51200.
+fn gpt3_175b(nodes: u32, tp: u32, pp: u32, global_batch: u32) -> Job {
+    let mut job = small_job(nodes, tp, pp, global_batch);
+    job.model.name = "gpt3-175b".into();
+    job.model.layers = 96;
+    job.model.hidden = 12288;
+    job.model.ffn_hidden = 4 * 12288;
+    job.model.heads = 96;
+    job.model.kv_heads = 96;
+    job.model.head_dim = 128;
+    job.model.vocab = 51200;
+    job.model.seq_len = 2048;
+    job.model.activation = Activation::Gelu;
+    job.model.tied_embeddings = true;
+    job
+}
+
+/// One attention core forward (QK^T and PV, not causal-discounted) per layer for the whole
+/// global batch: `4 s^2 hq` per sequence and layer. FlashAttention's backward recomputes QK^T
+/// (2.5x forward instead of 2x), which the MFU/HFU closed forms do not count: the graph does
+/// exactly `0.5` of this more than they do.
+fn attention_core_flops(job: &Job) -> f64 {
+    let m = &job.model;
+    let s = m.seq_len as f64;
+    let hq = m.heads as f64 * m.head_dim as f64;
+    job.training.global_batch as f64 * m.layers as f64 * 4.0 * s * s * hq
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. FLOPs: the execution graph against closed forms
+// ---------------------------------------------------------------------------------------------
+
+/// Truth: Narayanan et al. 2021 eq. 3, `96 B s l h^2 (1 + s/(6h) + V/(16 l h))`, is the FLOP
+/// count of a GPT iteration with full recomputation (MHA, GeLU, ffn = 4h; it counts the LM head
+/// 3x, not recomputed, and does not depend on tied vs untied embeddings since the LM head GEMM
+/// runs either way). The graph's kernels, summed, must reproduce it: every layer's GEMMs 4x
+/// (forward, recompute, dgrad, wgrad), the LM head 3x. The only residual is FlashAttention's
+/// backward, which recomputes QK^T (2.5x forward instead of 2x): exactly
+/// `0.5 * 4 B s^2 hq l` more than eq. 3. Norms/elementwise/loss carry no FLOPs in the graph.
+#[test]
+fn flops_full_recompute_match_narayanan_eq3() {
+    // GPT-3 175B on 64 nodes (tp 8, pp 8, dp 8), small global batch so the graph stays small.
+    let mut big = gpt3_175b(64, 8, 8, 64);
+    big.parallel.recompute = Recompute::Full;
+    let big = valid(big);
+    let mut small = small_job(2, 2, 2, 16);
+    small.parallel.recompute = Recompute::Full;
+    let small = valid(small);
+    for job in [big, small] {
+        let g = ExecutionGraph::build(&job);
+        let gf = graph_flops(&g, true);
+        let eq3 = flops::narayanan_eq3(&job);
+        let hw = flops::hardware_flops_per_iteration(&job);
+        let fa_extra = 0.5 * attention_core_flops(&job);
+        eprintln!(
+            "[flops/full-recompute {}] graph {gf:.6e} eq3 {eq3:.6e} rel {:.4e}; hw {hw:.6e} rel {:.4e}; \
+             predicted FA-backward residual {:.4e}; after removing it rel {:.3e}",
+            job.model.name,
+            rel(gf, eq3),
+            rel(gf, hw),
+            fa_extra / eq3,
+            rel(gf - fa_extra, eq3)
+        );
+        // Exact decomposition.
+        assert!(
+            rel(gf - fa_extra, eq3) < 1e-9,
+            "graph - FA residual vs eq.3: {}",
+            rel(gf - fa_extra, eq3)
+        );
+        assert!(
+            rel(gf - fa_extra, hw) < 1e-9,
+            "graph - FA residual vs HFU flops: {}",
+            rel(gf - fa_extra, hw)
+        );
+        // Raw comparison: within 1% for GPT-3 (s/(6h) = 0.028); the small model (s = 2h) has a
+        // large attention share so the FA residual is ~2.6% there.
+        if job.model.name == "gpt3-175b" {
+            assert!(rel(gf, eq3) < 0.01, "{}", rel(gf, eq3));
+            assert!(rel(gf, hw) < 0.01, "{}", rel(gf, hw));
+        }
+    }
+}
+
+/// Truth: without recomputation the graph's FLOPs are the model FLOPs (3x forward GEMMs, the
+/// attention core not causal-discounted, the LM head), the MFU numerator of Megatron/PaLM, plus
+/// the FlashAttention backward QK^T recompute (0.5x core). Also the PaLM `6N + 12 l hq s`
+/// estimate, which differs only by the norm weights counted as matmul weights.
+#[test]
+fn flops_no_recompute_match_model_flops_and_6n() {
+    let big = valid(gpt3_175b(64, 8, 8, 64));
+    let small = valid(small_job(2, 2, 2, 16));
+    for job in [big, small] {
+        let g = ExecutionGraph::build(&job);
+        let gf = graph_flops(&g, false);
+        // Without recompute there are no recompute ops: include_recompute changes nothing.
+        assert_eq!(gf, graph_flops(&g, true));
+        let mf = flops::model_flops_per_iteration(&job);
+        let six = flops::six_n_plus_attention(&job);
+        let fa_extra = 0.5 * attention_core_flops(&job);
+        eprintln!(
+            "[flops/no-recompute {}] graph {gf:.6e} model {mf:.6e} rel {:.4e} (minus FA residual {:.3e}); \
+             6N+attn {six:.6e} rel {:.4e}",
+            job.model.name,
+            rel(gf, mf),
+            rel(gf - fa_extra, mf),
+            rel(gf, six)
+        );
+        assert!(rel(gf - fa_extra, mf) < 1e-9);
+        assert_eq!(flops::hardware_flops_per_iteration(&job), mf);
+        if job.model.name == "gpt3-175b" {
+            assert!(rel(gf, mf) < 0.01, "{}", rel(gf, mf));
+            assert!(rel(gf, six) < 0.02, "{}", rel(gf, six));
+        }
+        // 6N+attention counts norm weights (2h per layer) as 6 FLOPs per token each; exactly.
+        let t = job.tokens_per_iteration() as f64;
+        let norms = 6.0 * 2.0 * job.model.hidden as f64 * job.model.layers as f64 * t;
+        assert!(rel(six - norms, mf) < 1e-9);
+    }
+}
+
+/// Truth: selective recomputation re-runs only the attention core: HFU FLOPs = model FLOPs +
+/// `4 B s^2 hq l` (Korthikanti et al. 2022), and the graph's recompute-marked ops carry exactly
+/// that (plus nothing else), while the non-recompute ops still equal the model FLOPs (+ the FA
+/// backward residual).
+#[test]
+fn flops_selective_recompute() {
+    let mut job = small_job(2, 2, 2, 16);
+    job.parallel.recompute = Recompute::Selective;
+    let job = valid(job);
+    let g = ExecutionGraph::build(&job);
+    let with = graph_flops(&g, true);
+    let without = graph_flops(&g, false);
+    let core = attention_core_flops(&job);
+    let hw = flops::hardware_flops_per_iteration(&job);
+    let mf = flops::model_flops_per_iteration(&job);
+    eprintln!(
+        "[flops/selective] recompute part {:.6e} vs 4Bs^2hql {core:.6e} rel {:.3e}; hw-mf rel {:.3e}",
+        with - without,
+        rel(with - without, core),
+        rel(hw - mf, core)
+    );
+    assert!(rel(with - without, core) < 1e-9);
+    assert!(rel(hw - mf, core) < 1e-9);
+    assert!(rel(without - 0.5 * core, mf) < 1e-9);
+}
+
+/// Truth: a Llama-style model (SwiGLU: 3 matrices of h x ffn; GQA: K/V of kv_heads x head_dim)
+/// has per-layer forward FLOPs `2sh(hq + 2hkv) + 2s hq h + 3*2shf + 4s^2 hq`, hand-expanded here
+/// independently of `flops.rs`; the graph must match that (and `model_flops_per_iteration`).
+#[test]
+fn flops_swiglu_gqa() {
+    let mut job = small_job(2, 4, 2, 16);
+    job.model.activation = Activation::SwiGlu;
+    job.model.ffn_hidden = 2816; // ~ 8/3 h rounded, divisible by tp
+    job.model.kv_heads = 4; // GQA: 16 query heads, 4 KV heads
+    job.model.vocab = 32768;
+    let job = valid(job);
+    let m = &job.model;
+    let (s, h, f, v) = (
+        m.seq_len as f64,
+        m.hidden as f64,
+        m.ffn_hidden as f64,
+        m.vocab as f64,
+    );
+    let hq = (m.heads * m.head_dim) as f64;
+    let hkv = (m.kv_heads * m.head_dim) as f64;
+    let b = job.training.global_batch as f64;
+    let l = m.layers as f64;
+    let layer_fwd = 2.0 * s * h * (hq + 2.0 * hkv)
+        + 2.0 * s * hq * h
+        + 3.0 * 2.0 * s * h * f
+        + 4.0 * s * s * hq;
+    let by_hand = 3.0 * b * (l * layer_fwd + 2.0 * s * h * v);
+    let mf = flops::model_flops_per_iteration(&job);
+    let g = ExecutionGraph::build(&job);
+    let gf = graph_flops(&g, false);
+    let fa_extra = 0.5 * attention_core_flops(&job);
+    eprintln!(
+        "[flops/swiglu-gqa] graph {gf:.6e} by-hand {by_hand:.6e} rel {:.4e} (minus FA residual {:.3e}); model rel {:.3e}",
+        rel(gf, by_hand),
+        rel(gf - fa_extra, by_hand),
+        rel(mf, by_hand)
+    );
+    assert!(rel(mf, by_hand) < 1e-12);
+    assert!(rel(gf - fa_extra, by_hand) < 1e-9);
+    // Full recompute adds one more forward of every layer (not of the LM head).
+    let mut fr = job.clone();
+    fr.parallel.recompute = Recompute::Full;
+    let gfr = graph_flops(&ExecutionGraph::build(&fr), true);
+    let expect = by_hand + b * l * layer_fwd + fa_extra;
+    eprintln!(
+        "[flops/swiglu-gqa full recompute] rel {:.3e}",
+        rel(gfr, expect)
+    );
+    assert!(rel(gfr, expect) < 1e-9);
+    assert!(rel(gfr - fa_extra, flops::hardware_flops_per_iteration(&fr)) < 1e-9);
+}
+
+/// Truth: the work of an iteration does not depend on how it is split. With the global batch
+/// fixed, `graph_flops` is the same for every tp / pp / cp / dp layout (and schedule).
+#[test]
+fn flops_invariant_to_layout() {
+    // (nodes, tp, pp, cp, schedule, vpp); dp derived. Global batch 32 sequences everywhere.
+    let layouts: [(u32, u32, u32, u32, Schedule, u32); 9] = [
+        (1, 1, 1, 1, Schedule::OneFOneB, 1),
+        (1, 8, 1, 1, Schedule::OneFOneB, 1),
+        (2, 2, 4, 1, Schedule::OneFOneB, 1),
+        (2, 4, 2, 2, Schedule::OneFOneB, 1),
+        (4, 8, 2, 2, Schedule::GPipe, 1),
+        (2, 1, 8, 1, Schedule::OneFOneB, 1),
+        (4, 2, 4, 4, Schedule::OneFOneB, 1),
+        (2, 2, 2, 1, Schedule::Interleaved, 2),
+        (4, 4, 2, 1, Schedule::Interleaved, 4),
+    ];
+    for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
+        for act in [Activation::Gelu, Activation::SwiGlu] {
+            let mut reference: Option<(f64, f64)> = None;
+            let mut worst = 0.0f64;
+            for &(nodes, tp, pp, cp, sched, vpp) in &layouts {
+                let mut job = small_job(nodes, tp, pp, 32);
+                job.model.activation = act;
+                job.model.kv_heads = if act == Activation::SwiGlu { 8 } else { 16 };
+                job.model.vocab = 32768;
+                job.parallel.cp = cp;
+                job.parallel.dp /= cp;
+                job.parallel.schedule = sched;
+                job.parallel.vpp = vpp;
+                job.parallel.recompute = recompute;
+                let job = valid(job);
+                let g = ExecutionGraph::build(&job);
+                let f = (graph_flops(&g, false), graph_flops(&g, true));
+                match reference {
+                    None => reference = Some(f),
+                    Some(r) => {
+                        worst = worst.max(rel(f.0, r.0)).max(rel(f.1, r.1));
+                        assert!(
+                            rel(f.0, r.0) < 1e-12 && rel(f.1, r.1) < 1e-12,
+                            "layout tp{tp} pp{pp} cp{cp} {sched:?} vpp{vpp} {recompute:?} {act:?}: {f:?} vs {r:?}"
+                        );
+                    }
+                }
+                // And the total is the closed form (+ FA residual) for every layout.
+                let expect =
+                    flops::hardware_flops_per_iteration(&job) + 0.5 * attention_core_flops(&job);
+                assert!(
+                    rel(f.1, expect) < 1e-9,
+                    "tp{tp} pp{pp} cp{cp}: {} vs {expect}",
+                    f.1
+                );
+            }
+            eprintln!(
+                "[flops/invariance {recompute:?} {act:?}] worst rel spread over layouts {worst:.3e}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Memory vs Korthikanti et al. 2022
+// ---------------------------------------------------------------------------------------------
+
+/// Truth: Korthikanti et al. 2022, Table 2 (bytes of activations per layer, 16-bit tensors,
+/// 1-byte dropout masks, unfused attention with dropout): with tensor + sequence parallelism and
+/// selective recomputation `34 sbh / t`; with TP+SP and no recomputation `sbh/t (34 + 5as/h)`;
+/// TP only `sbh (10 + 24/t + 5as/(ht))`; full recomputation `2sbh` (`/t` with SP).
+#[test]
+fn activation_memory_matches_korthikanti_gpt3() {
+    let mut job = gpt3_175b(64, 8, 8, 64);
+    job.model.dropout = true;
+    job.training.flash_attention = false;
+    job.parallel.sequence_parallel = true;
+    job.parallel.micro_batch = 1;
+    job.parallel.recompute = Recompute::Selective;
+    let job = valid(job);
+    let (s, b, h, a, t) = (2048.0f64, 1.0f64, 12288.0f64, 96.0f64, 8.0f64);
+    let sbh = s * b * h;
+
+    let sel_sp = memory::activation_bytes_per_layer(&job);
+    eprintln!(
+        "[memory/selective+SP] {sel_sp} vs 34sbh/t {}",
+        34.0 * sbh / t
+    );
+    assert_eq!(sel_sp, 34.0 * sbh / t);
+
+    let mut none_sp = job.clone();
+    none_sp.parallel.recompute = Recompute::None;
+    let got = memory::activation_bytes_per_layer(&none_sp);
+    let want = sbh / t * (34.0 + 5.0 * a * s / h);
+    eprintln!("[memory/none+SP] rel {:.3e}", rel(got, want));
+    assert!(rel(got, want) < 1e-12);
+
+    let mut none_tp = none_sp.clone();
+    none_tp.parallel.sequence_parallel = false;
+    let got = memory::activation_bytes_per_layer(&none_tp);
+    let want = sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+    eprintln!("[memory/none, TP only] rel {:.3e}", rel(got, want));
+    assert!(rel(got, want) < 1e-12);
+
+    let mut sel_tp = none_tp.clone();
+    sel_tp.parallel.recompute = Recompute::Selective;
+    let got = memory::activation_bytes_per_layer(&sel_tp);
+    let want = sbh * (10.0 + 24.0 / t);
+    assert!(rel(got, want) < 1e-12, "{got} vs {want}");
+
+    let mut fr = job.clone();
+    fr.parallel.recompute = Recompute::Full;
+    assert_eq!(memory::activation_bytes_per_layer(&fr), 2.0 * sbh / t);
+    fr.parallel.sequence_parallel = false;
+    assert_eq!(memory::activation_bytes_per_layer(&fr), 2.0 * sbh);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Collectives: alpha-beta closed forms, and the engine on an idle network
+// ---------------------------------------------------------------------------------------------
+
+/// Textbook ring cost (NCCL): `n` ranks, `k` per node, buffer `S`. All-reduce moves
+/// `2(n-1)/n S` per rank in `2(n-1)` steps, reduce-scatter / all-gather `(n-1)/n S` in `n-1`.
+/// Inside a node everything goes over NVLink; across nodes NCCL runs `k` rings (channels), so
+/// each NIC carries `1/k` of the per-rank bytes and NVLink the other `(k-1)/k`, concurrently.
+/// Returns (seconds, NIC bytes per GPU).
+fn alpha_beta(
+    op: Collective,
+    s: f64,
+    n: f64,
+    k: f64,
+    nodes: f64,
+    c: &prism_core::job::Cluster,
+    p: &CommParams,
+) -> (f64, f64) {
+    let (factor, steps) = match op {
+        Collective::AllReduce => (2.0 * (n - 1.0) / n, 2.0 * (n - 1.0)),
+        Collective::AllGather | Collective::ReduceScatter => ((n - 1.0) / n, n - 1.0),
+        Collective::AllToAll => unreachable!(),
+    };
+    let launch = p.launch_us * 1e-6;
+    let nvl_bw = c.nvlink_gbps * 1e9 / 8.0 * p.nvlink_efficiency;
+    let nic_bw = c.nic_gbps * 1e9 / 8.0 * p.nic_efficiency;
+    let nvl_lat = c.nvlink_latency_us * 1e-6;
+    let nic_lat = c.nic_latency_us * 1e-6;
+    if nodes <= 1.0 {
+        return (launch + steps * nvl_lat + factor * s / nvl_bw, 0.0);
+    }
+    let nic_bytes = (factor * s / k).ceil();
+    let nvl_bytes = factor * s * (k - 1.0) / k;
+    let mut alpha = launch + steps * nic_lat.max(nvl_lat);
+    if op == Collective::AllReduce {
+        // NCCL's double binary tree: 2 log2(nodes) inter-node hops, a chain of k inside nodes.
+        let tree = launch + 2.0 * nodes.log2().ceil() * nic_lat + 2.0 * (k - 1.0) * nvl_lat;
+        alpha = alpha.min(tree);
+    }
+    (
+        alpha + (nvl_bytes / nvl_bw).max(nic_bytes / nic_bw),
+        nic_bytes,
+    )
+}
+
+/// Truth: the alpha-beta closed form above, for ring all-reduce / all-gather / reduce-scatter
+/// inside a node and across nodes with 1, 2, 4 and 8 ranks per node.
+#[test]
+fn collective_plans_match_alpha_beta() {
+    let p = CommParams::default();
+    let mut worst = 0.0f64;
+    for nodes in [1u32, 2, 4, 16, 128] {
+        let c = h100_cluster(nodes.max(1));
+        for k in [1u32, 2, 4, 8] {
+            if nodes == 1 && k == 1 {
+                continue;
+            }
+            let n = nodes * k;
+            for op in [
+                Collective::AllReduce,
+                Collective::AllGather,
+                Collective::ReduceScatter,
+            ] {
+                for bytes in [4096u64, 1 << 20, 160 << 20, 3 << 30] {
+                    let shape = GroupShape {
+                        ranks: n,
+                        nodes,
+                        per_node: k,
+                    };
+                    let plan = plan_collective(op, bytes, shape, &c, &p);
+                    let (want, nic) =
+                        alpha_beta(op, bytes as f64, n as f64, k as f64, nodes as f64, &c, &p);
+                    let got = plan.idle_seconds(&c, &p);
+                    let r = rel(got, want);
+                    worst = worst.max(r);
+                    // Integer picoseconds: at most a few ps of rounding.
+                    assert!(
+                        (got - want).abs() < 3e-12 || r < 1e-9,
+                        "{op:?} n{n} k{k} nodes{nodes} {bytes} B: {got} vs {want}"
+                    );
+                    assert_eq!(plan.nic_bytes as f64, nic, "{op:?} n{n} k{k}: NIC bytes");
+                    if nodes > 1 {
+                        assert_eq!(
+                            plan.nic_bytes,
+                            (if op == Collective::AllReduce {
+                                2.0
+                            } else {
+                                1.0
+                            } * (n - 1) as f64
+                                / n as f64
+                                * bytes as f64
+                                / k as f64)
+                                .ceil() as u64
+                        );
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("[comm/alpha-beta] worst relative error {worst:.3e}");
+    // NCCL's tuner picks the tree for small all-reduces on many nodes.
+    let c = h100_cluster(128);
+    let small = plan_collective(
+        Collective::AllReduce,
+        4096,
+        GroupShape {
+            ranks: 128,
+            nodes: 128,
+            per_node: 1,
+        },
+        &c,
+        &p,
+    );
+    assert_eq!(small.algorithm, Algorithm::Tree);
+}
+
+/// Finds every collective of `kind` in `rank`'s recorded timeline and returns
+/// (op, bytes, duration ps).
+fn recorded_collectives(
+    res: &SimResult,
+    rank: u32,
+    kind: GroupKind,
+) -> Vec<(Collective, u64, u64)> {
+    let prog = res.graph.program_of(rank);
+    let tl = res
+        .timelines
+        .iter()
+        .find(|t| t.rank == rank)
+        .expect("recorded rank");
+    let mut out = Vec::new();
+    for rec in &tl.ops {
+        if let OpKind::Collective { group, op, bytes } = prog.kind[rec.op as usize]
+            && group == kind
+        {
+            out.push((op, bytes, rec.end - rec.start));
+        }
+    }
+    out
+}
+
+/// Truth: on an otherwise idle network a collective lasts exactly its closed-form plan,
+/// `CommPlan::idle_seconds` (checked against alpha-beta above), up to 1 ps of rounding.
+/// Jobs where the DP collectives are the only scale-out traffic: (a) 2 nodes, tp 8, dp 2, one
+/// layer (8 DP rings on disjoint NICs, 1 rank per node); (b) 4 nodes, tp 1, dp 32 (one ring,
+/// 8 ranks per node, 8 channels). Also every intra-node TP collective equals its plan exactly.
+#[test]
+fn engine_collective_durations_equal_idle_plan() {
+    let p = CommParams::default();
+    let mut cases = Vec::new();
+    let mut a = small_job(2, 8, 1, 4);
+    a.model.layers = 1;
+    cases.push(a.clone());
+    let mut a_ar = a.clone();
+    a_ar.parallel.distributed_optimizer = false; // all-reduce instead of reduce-scatter + all-gather
+    cases.push(a_ar);
+    let mut b = small_job(4, 1, 1, 32);
+    b.model.layers = 1;
+    cases.push(b);
+    for job in cases {
+        let job = valid(job);
+        let opts = SimOptions {
+            record_ranks: vec![0],
+            ..SimOptions::default()
+        };
+        let res = run(&job, &opts);
+        let l = res.graph.layout;
+        let shape_of = |kind: GroupKind| {
+            let members: Vec<u32> = l.members(kind, l.group_of(kind, 0)).collect();
+            let mut nodes: Vec<u32> = members.iter().map(|&r| l.node(r)).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            let per_node = members.iter().filter(|&&r| l.node(r) == l.node(0)).count() as u32;
+            GroupShape {
+                ranks: members.len() as u32,
+                nodes: nodes.len() as u32,
+                per_node,
+            }
+        };
+        let dp = recorded_collectives(&res, 0, GroupKind::Dp);
+        assert!(!dp.is_empty(), "no DP collective recorded");
+        let dp_shape = shape_of(GroupKind::Dp);
+        for &(op, bytes, dur) in &dp {
+            let plan = plan_collective(op, bytes, dp_shape, &job.cluster, &p);
+            let want = (plan.idle_seconds(&job.cluster, &p) * 1e12).round() as i64;
+            let (ab, _) = alpha_beta(
+                op,
+                bytes as f64,
+                dp_shape.ranks as f64,
+                dp_shape.per_node as f64,
+                dp_shape.nodes as f64,
+                &job.cluster,
+                &p,
+            );
+            eprintln!(
+                "[engine/dp {:?} {:?} {bytes} B over {dp_shape:?}] engine {dur} ps, plan {want} ps, alpha-beta {:.0} ps, diff {} ps",
+                job.parallel.tp,
+                op,
+                ab * 1e12,
+                dur as i64 - want
+            );
+            assert!(
+                (dur as i64 - want).abs() <= 1,
+                "{op:?} {bytes} B: engine {dur} ps vs plan {want} ps"
+            );
+        }
+        if job.parallel.tp > 1 {
+            let tp_shape = shape_of(GroupKind::Tp);
+            let tp = recorded_collectives(&res, 0, GroupKind::Tp);
+            assert!(!tp.is_empty());
+            for &(op, bytes, dur) in &tp {
+                let plan = plan_collective(op, bytes, tp_shape, &job.cluster, &p);
+                assert_eq!(plan.nic_bytes, 0);
+                assert_eq!(dur, plan.latency_ps + plan.nvlink_ps, "TP {op:?} {bytes} B");
+            }
+        }
+    }
+    // The network model uses the same integer NIC rate as the plan.
+    let c = h100_cluster(2);
+    assert_eq!(nic_bytes_per_s(&c, &p), (400e9 / 8.0 * 0.9) as u64);
+    assert!(rel(nvlink_bytes_per_s(&c, &p), 3600e9 / 8.0 * 0.78) < 1e-15);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Pipeline bubble formulas
+// ---------------------------------------------------------------------------------------------
+
+/// A pipeline-only job on one node: `p` stages, tp = 8/p, dp 1, `m` micro-batches, vocab 8,
+/// `layers_per_stage * p` layers.
+fn pipeline_job(p: u32, m: u32, sched: Schedule, v: u32, layers_per_stage: u32) -> Job {
+    let mut job = small_job(1, 8 / p, p, m);
+    job.model.vocab = 8;
+    job.model.layers = layers_per_stage * p;
+    job.parallel.schedule = sched;
+    job.parallel.vpp = v;
+    valid(job)
+}
+
+/// Options that make every op outside the transformer layers free (embedding, LM head, loss,
+/// final norm, optimizer: measured at 0 s in a kernel table, no launch overhead), so each stage
+/// does exactly the same work per micro-batch, as the bubble formulas assume.
+fn balanced_opts(job: &Job) -> SimOptions {
+    let g = ExecutionGraph::build(job);
+    let mut table = KernelTable::new();
+    for prog in &g.programs {
+        for (i, k) in prog.kind.iter().enumerate() {
+            if let OpKind::Compute(op) = k
+                && prog.tag[i].layer == NONE
+            {
+                table.insert(op.name, &shape_key(&op.work), "bf16", 0.0);
+            }
+        }
+    }
+    let mut params = ComputeParams::for_gpu(&job.cluster.gpu);
+    params.launch_overhead_s = 0.0;
+    SimOptions {
+        ideal_network: true,
+        compute: Some(params),
+        kernel_table: Some(table),
+        ..SimOptions::default()
+    }
+}
+
+/// Truth: with equal stages and free communication the bubble fraction of 1F1B and GPipe is
+/// `(p-1)/(m+p-1)` (Narayanan et al. 2021; Huang et al. 2019), of interleaved 1F1B with `v`
+/// chunks `(p-1)/(v m + p-1)`. Checked (a) with every non-layer op made free (the formula's
+/// assumptions hold exactly) and (b) with the default cost model and vocab 8, where the
+/// embedding / LM head / loss kernels of the first and last stage (launch overheads and a
+/// one-wave LM head GEMM) and the optimizer step leave a small imbalance.
+#[test]
+fn bubble_fraction_matches_pipeline_formulas() {
+    let mut cases: Vec<(u32, u32, Schedule, u32)> = Vec::new();
+    for (p, m) in [(2, 4), (4, 8), (4, 16), (8, 8)] {
+        cases.push((p, m, Schedule::OneFOneB, 1));
+        cases.push((p, m, Schedule::GPipe, 1));
+    }
+    cases.push((4, 8, Schedule::Interleaved, 2));
+    cases.push((4, 8, Schedule::Interleaved, 4));
+    for (p, m, sched, v) in cases {
+        let job = pipeline_job(p, m, sched, v, 4);
+        assert_eq!(job.micro_batches(), m as u64);
+        let want = (p - 1) as f64 / ((v * m) as f64 + (p - 1) as f64);
+        let balanced = run(&job, &balanced_opts(&job)).summary;
+        let plain = run(
+            &job,
+            &SimOptions {
+                ideal_network: true,
+                ..SimOptions::default()
+            },
+        )
+        .summary;
+        let (rb, rp) = (
+            rel(balanced.bubble_fraction, want),
+            rel(plain.bubble_fraction, want),
+        );
+        eprintln!(
+            "[bubble {sched:?} p{p} m{m} v{v}] formula {want:.5} balanced {:.5} (rel {rb:.3e}) default-costs {:.5} (rel {rp:.3e})",
+            balanced.bubble_fraction, plain.bubble_fraction
+        );
+        let tol = if sched == Schedule::Interleaved {
+            0.03
+        } else {
+            0.02
+        };
+        assert!(
+            rb < tol,
+            "{sched:?} p{p} m{m} v{v}: bubble {} vs formula {want}",
+            balanced.bubble_fraction
+        );
+        // Default costs (informational): the last stage's extras (final norm, one-wave LM head
+        // GEMMs, loss, ~7 launch overheads per micro-batch) make it the slowest stage; in the
+        // steady state every other stage waits for it once per micro-batch, so the excess bubble
+        // grows with m and with v (each chunk is then only 4/v layers): observed 2.5% (p2 m4),
+        // 12% (p4 m16), 31% (interleaved p4 m8 v4), 0.02% (p8, tp 1: heavier layers). Only a
+        // loose sanity bound here; the balanced run above is the real check.
+        assert!(
+            rp < 0.5,
+            "{sched:?} p{p} m{m} v{v} (default costs): bubble {} vs {want}",
+            plain.bubble_fraction
+        );
+        // With free communication nothing is charged to communication.
+        let b = &balanced.breakdown;
+        assert_eq!(b.tp_s + b.cp_s + b.ep_s + b.pp_s + b.dp_s, 0.0, "{b:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Reduced and sliced runs equal the full run
+// ---------------------------------------------------------------------------------------------
+
+fn symmetric_jobs() -> Vec<(&'static str, Job)> {
+    let mut out = vec![
+        ("4n tp2 pp2 dp8", small_job(4, 2, 2, 32)),
+        ("8n tp8 pp4 dp2", small_job(8, 8, 4, 64)),
+        ("8n tp8 pp2 dp4", small_job(8, 8, 2, 32)),
+    ];
+    let mut o = small_job(8, 8, 2, 32);
+    o.cluster.topology.oversubscription = 4.0;
+    o.cluster.topology.rail_group_nodes = 2;
+    out.push(("8n tp8 pp2 dp4 oversub4 rg2", o));
+    let mut o2 = small_job(8, 2, 2, 64);
+    o2.cluster.topology.oversubscription = 4.0;
+    o2.cluster.topology.rail_group_nodes = 2;
+    o2.parallel.recompute = Recompute::Selective;
+    out.push(("8n tp2 pp2 dp16 oversub4 rg2", o2));
+    let mut i = small_job(4, 4, 2, 32);
+    i.parallel.schedule = Schedule::Interleaved;
+    i.parallel.vpp = 2;
+    i.cluster.topology.oversubscription = 2.0;
+    i.cluster.topology.rail_group_nodes = 2;
+    out.push(("4n tp4 pp2 vpp2 interleaved oversub2 rg2", i));
+    out.into_iter().map(|(n, j)| (n, valid(j))).collect()
+}
+
+fn assert_breakdowns_close(
+    a: &prism_core::report::Breakdown,
+    b: &prism_core::report::Breakdown,
+    what: &str,
+) -> f64 {
+    let mut worst = 0.0f64;
+    for ((name, x), (_, y)) in a.parts().iter().zip(b.parts().iter()) {
+        let r = if *x == *y {
+            0.0
+        } else {
+            (x - y).abs() / x.abs().max(y.abs())
+        };
+        worst = worst.max(r);
+        assert!(r <= 1e-12, "{what}: {name} {x} vs {y}");
+    }
+    worst
+}
+
+/// Truth: a reduced run (one instance per stage, flows carrying all their symmetric copies) is
+/// exact for a symmetric job: the same iteration time bit for bit, the same breakdown, and each
+/// stage representative's timing equal to the full run's timing of that rank. A slice of ranks
+/// reports, for those ranks, exactly the full run's finish and compute times.
+#[test]
+fn reduced_and_slice_equal_full() {
+    for (name, job) in symmetric_jobs() {
+        let f = full(&job);
+        let r = run(&job, &with_mode(Mode::Reduced));
+        let stage = f.graph.layout.stage_size();
+        let worst = assert_breakdowns_close(&f.summary.breakdown, &r.summary.breakdown, name);
+        eprintln!(
+            "[reduced==full {name}] full {:.9e} s reduced {:.9e} s, breakdown worst rel {worst:.2e}",
+            f.summary.iteration_time_s, r.summary.iteration_time_s
+        );
+        assert_eq!(
+            f.summary.iteration_time_s, r.summary.iteration_time_s,
+            "{name}: reduced iteration time"
+        );
+        assert_eq!(r.ranks.len(), job.parallel.pp as usize);
+        for rt in &r.ranks {
+            let ft = &f.ranks[rt.rank as usize];
+            assert_eq!(ft.rank, rt.rank);
+            assert_eq!(ft.finish_s, rt.finish_s, "{name}: rank {} finish", rt.rank);
+            assert_eq!(
+                ft.compute_s, rt.compute_s,
+                "{name}: rank {} compute",
+                rt.rank
+            );
+            assert_breakdowns_close(&ft.breakdown, &rt.breakdown, name);
+        }
+        // A slice: one non-representative rank per stage plus a second rank of stage 0.
+        let n = f.graph.layout.num_ranks();
+        let wanted: Vec<u32> = (0..job.parallel.pp)
+            .map(|s| s * stage + (stage - 1).min(5))
+            .chain([n - 1])
+            .collect();
+        let s = run(
+            &job,
+            &SimOptions {
+                mode: Mode::Slice(wanted.clone()),
+                record_ranks: wanted.clone(),
+                ..SimOptions::default()
+            },
+        );
+        assert_eq!(
+            s.summary.iteration_time_s, f.summary.iteration_time_s,
+            "{name}: slice iteration time"
+        );
+        let mut got: Vec<u32> = s.ranks.iter().map(|t| t.rank).collect();
+        got.sort_unstable();
+        let mut w = wanted.clone();
+        w.sort_unstable();
+        w.dedup();
+        assert_eq!(got, w, "{name}: slice reports the requested ranks");
+        for st in &s.ranks {
+            let ft = &f.ranks[st.rank as usize];
+            assert_eq!(
+                ft.finish_s, st.finish_s,
+                "{name}: slice rank {} finish",
+                st.rank
+            );
+            assert_eq!(
+                ft.compute_s, st.compute_s,
+                "{name}: slice rank {} compute",
+                st.rank
+            );
+            assert_eq!(ft.gemm_s, st.gemm_s, "{name}: slice rank {} gemm", st.rank);
+        }
+        // Op by op: the recorded timeline of a sliced rank (one rank per stage is simulated for
+        // real) is the full run's timeline of that rank, start and end of every op.
+        let mut recorded: Vec<u32> = wanted.clone();
+        recorded.sort_unstable();
+        recorded.dedup();
+        let f_rec = run(
+            &job,
+            &SimOptions {
+                record_ranks: recorded.clone(),
+                ..SimOptions::default()
+            },
+        );
+        for tl in &s.timelines {
+            let ft = f_rec
+                .timelines
+                .iter()
+                .find(|t| t.rank == tl.rank)
+                .expect("full timeline");
+            let mut a = tl.ops.clone();
+            let mut b = ft.ops.clone();
+            a.sort_by_key(|r| r.op);
+            b.sort_by_key(|r| r.op);
+            assert_eq!(a, b, "{name}: slice timeline of rank {}", tl.rank);
+        }
+        // Ranks simulated for real in the slice: the first requested rank of each stage.
+        assert_eq!(s.timelines.len(), job.parallel.pp as usize, "{name}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Determinism
+// ---------------------------------------------------------------------------------------------
+
+/// Truth: a simulation is a pure function of the job and options: two runs give identical
+/// summaries, per-rank timings, event counts and recorded timelines.
+#[test]
+fn runs_are_deterministic() {
+    let mut job = small_job(8, 2, 2, 32);
+    job.cluster.topology.oversubscription = 2.0;
+    job.cluster.topology.rail_group_nodes = 2;
+    let job = valid(job);
+    let opts = SimOptions {
+        record_ranks: vec![0, 5, 33, 63],
+        ..SimOptions::default()
+    };
+    let a = run(&job, &opts);
+    let b = run(&job, &opts);
+    assert_eq!(a.summary, b.summary);
+    assert_eq!(a.ranks, b.ranks);
+    assert_eq!(a.events, b.events);
+    assert_eq!(a.timelines.len(), 4);
+    assert_eq!(a.timelines.len(), b.timelines.len());
+    for (x, y) in a.timelines.iter().zip(&b.timelines) {
+        assert_eq!(x.rank, y.rank);
+        assert_eq!(x.ops, y.ops);
+    }
+    // Recording does not perturb the simulation.
+    let c = full(&job);
+    assert_eq!(a.summary, c.summary);
+    assert_eq!(a.ranks, c.ranks);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Conservation of time
+// ---------------------------------------------------------------------------------------------
+
+/// Truth: every instant of a rank's iteration is charged to exactly one thing, so each rank's
+/// breakdown sums to the iteration time; its compute time is the sum of its kernels' durations
+/// in the recorded timeline (the same kernels as in the graph, each exactly once).
+#[test]
+fn breakdown_conserves_iteration_time() {
+    let mut jobs = vec![small_job(4, 2, 2, 32), small_job(2, 8, 2, 16)];
+    let mut o = small_job(8, 8, 2, 32);
+    o.cluster.topology.oversubscription = 4.0;
+    o.cluster.topology.rail_group_nodes = 2;
+    o.parallel.recompute = Recompute::Full;
+    jobs.push(o);
+    let mut i = small_job(2, 2, 4, 16);
+    i.parallel.schedule = Schedule::Interleaved;
+    i.parallel.vpp = 2;
+    jobs.push(i);
+    let mut c = small_job(2, 2, 2, 8);
+    c.parallel.cp = 2;
+    c.parallel.dp /= 2;
+    jobs.push(c);
+    for job in jobs {
+        let job = valid(job);
+        let n = job.num_gpus() as u32;
+        let record: Vec<u32> = (0..n).collect();
+        let res = run(
+            &job,
+            &SimOptions {
+                record_ranks: record,
+                ..SimOptions::default()
+            },
+        );
+        let t = res.summary.iteration_time_s;
+        let mut worst_total = 0.0f64;
+        let mut worst_compute = 0.0f64;
+        for rt in &res.ranks {
+            let r = rel(rt.breakdown.total(), t);
+            worst_total = worst_total.max(r);
+            assert!(
+                r < 1e-9,
+                "rank {}: breakdown total {} vs iteration {t}",
+                rt.rank,
+                rt.breakdown.total()
+            );
+            assert!(rt.finish_s <= t);
+            assert_eq!(rt.breakdown.compute_s, rt.compute_s);
+            assert!(rt.gemm_s <= rt.compute_s);
+            let prog = res.graph.program_of(rt.rank);
+            let tl = res
+                .timelines
+                .iter()
+                .find(|x| x.rank == rt.rank)
+                .expect("timeline");
+            assert_eq!(
+                tl.ops.len(),
+                prog.len(),
+                "rank {}: every op recorded once",
+                rt.rank
+            );
+            let mut seen = vec![false; prog.len()];
+            let mut sum_ps = 0u64;
+            for rec in &tl.ops {
+                assert!(!seen[rec.op as usize], "op recorded twice");
+                seen[rec.op as usize] = true;
+                assert!(rec.end >= rec.start);
+                if matches!(prog.kind[rec.op as usize], OpKind::Compute(_)) {
+                    sum_ps += rec.end - rec.start;
+                }
+            }
+            let r = rel(sum_ps as f64 * 1e-12, rt.compute_s);
+            worst_compute = worst_compute.max(r);
+            assert!(
+                r < 1e-9,
+                "rank {}: timeline compute {} vs {}",
+                rt.rank,
+                sum_ps as f64 * 1e-12,
+                rt.compute_s
+            );
+            // Kernels on the compute stream never overlap.
+            let mut compute: Vec<(u64, u64)> = tl
+                .ops
+                .iter()
+                .filter(|r| prog.stream[r.op as usize] == Stream::Compute)
+                .map(|r| (r.start, r.end))
+                .collect();
+            compute.sort_unstable();
+            assert!(
+                compute.windows(2).all(|w| w[0].1 <= w[1].0),
+                "rank {}: overlapping kernels",
+                rt.rank
+            );
+        }
+        // The mean breakdown in the summary also sums to the iteration time.
+        assert!(rel(res.summary.breakdown.total(), t) < 1e-9);
+        eprintln!(
+            "[conservation {} tp{} pp{} cp{}] worst rel(total, T) {worst_total:.2e}, worst rel(timeline compute, compute_s) {worst_compute:.2e}",
+            job.num_gpus(),
+            job.parallel.tp,
+            job.parallel.pp,
+            job.parallel.cp
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Properties over random small jobs
+// ---------------------------------------------------------------------------------------------
+
+fn arb_job() -> impl Strategy<Value = Job> {
+    (
+        1u32..=4,
+        prop::sample::select(vec![1u32, 2, 4, 8]),
+        prop::sample::select(vec![1u32, 2, 4]),
+        prop::sample::select(vec![1u32, 2]),
+        1u32..=6,
+        prop::sample::select(vec![Recompute::None, Recompute::Selective, Recompute::Full]),
+        any::<bool>(),
+        prop::sample::select(vec![Schedule::OneFOneB, Schedule::GPipe]),
+        any::<bool>(),
+        prop::sample::select(vec![(32u32, 1.0f64), (1, 1.0), (2, 4.0), (1, 2.0)]),
+    )
+        .prop_filter_map(
+            "tp x pp must divide the GPU count",
+            |(nodes, tp, pp, mb, k, rc, sp, sched, dist, topo)| {
+                let gpus = nodes * 8;
+                if gpus % (tp * pp) != 0 {
+                    return None;
+                }
+                let dp = gpus / (tp * pp);
+                let mut job = small_job(nodes, tp, pp, dp * mb * k);
+                job.model.layers = 8;
+                job.parallel.micro_batch = mb;
+                job.parallel.recompute = rc;
+                job.parallel.sequence_parallel = sp && tp > 1;
+                job.parallel.schedule = sched;
+                job.parallel.distributed_optimizer = dist;
+                job.cluster.topology.rail_group_nodes = topo.0;
+                job.cluster.topology.oversubscription = topo.1;
+                job.validate().ok()?;
+                Some(job)
+            },
+        )
+}
+
+fn iter_time(job: &Job) -> f64 {
+    full(job).summary.iteration_time_s
+}
+
+/// Cases per property: 24, or `ENGINE_PROPTEST_CASES` for a longer hunt. No failure files
+/// are written (this test owns no directory to keep them in).
+fn proptest_config() -> ProptestConfig {
+    let cases = std::env::var("ENGINE_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(proptest_config())]
+
+    /// Truth: a rank cannot finish before running its own kernels: the iteration time is at
+    /// least the busiest rank's compute time.
+    #[test]
+    fn prop_iteration_at_least_busiest_compute(job in arb_job()) {
+        let res = full(&job);
+        let busiest = res.ranks.iter().map(|r| r.compute_s).fold(0.0, f64::max);
+        prop_assert!(res.summary.iteration_time_s >= busiest * (1.0 - 1e-12),
+            "T {} < compute {}", res.summary.iteration_time_s, busiest);
+        for r in &res.ranks {
+            prop_assert!(r.finish_s >= r.compute_s * (1.0 - 1e-12));
+        }
+    }
+
+    /// Truth: more bandwidth never slows an iteration (NIC and NVLink doubled).
+    #[test]
+    fn prop_more_bandwidth_never_slower(job in arb_job()) {
+        let base = iter_time(&job);
+        let mut fast = job.clone();
+        fast.cluster.nic_gbps *= 2.0;
+        fast.cluster.nvlink_gbps *= 2.0;
+        let t = iter_time(&fast);
+        prop_assert!(t <= base * (1.0 + 1e-9), "2x bandwidth: {t} > {base} for {:?}", job.parallel);
+    }
+
+    /// Truth: as `prop_reduced_equals_full`, over a wider space: context parallelism and
+    /// mixture-of-experts layers with expert parallelism (all-to-all flows).
+    #[test]
+    fn prop_reduced_equals_full_cp_moe(job in arb_job(), cp2 in any::<bool>(), moe in 0usize..3, ep in prop::sample::select(vec![1u32, 2, 4])) {
+        let mut job = job;
+        if cp2 && job.parallel.dp % 2 == 0 {
+            job.parallel.cp = 2;
+            job.parallel.dp /= 2;
+            job.training.global_batch /= 2;
+        }
+        if moe > 0 {
+            job.model.moe = Some(prism_core::job::Moe { experts: 4 * moe as u32, top_k: 2, ffn_hidden: 1024 });
+            job.parallel.ep = ep;
+        }
+        prop_assume!(job.validate().is_ok());
+        let f = full(&job);
+        match simulate(&job, &with_mode(Mode::Reduced)) {
+            Err(SimError::Asymmetric(_)) => {}
+            Err(e) => prop_assert!(false, "reduced run failed: {e}"),
+            Ok(r) => {
+                prop_assert_eq!(r.summary.iteration_time_s, f.summary.iteration_time_s);
+                for rt in &r.ranks {
+                    prop_assert_eq!(rt.finish_s, f.ranks[rt.rank as usize].finish_s);
+                    prop_assert_eq!(rt.compute_s, f.ranks[rt.rank as usize].compute_s);
+                }
+            }
+        }
+        for rt in &f.ranks {
+            prop_assert!(rel(rt.breakdown.total(), f.summary.iteration_time_s) < 1e-9);
+        }
+    }
+
+    /// Truth: for every job whose placement passes the symmetry check, the reduced run gives
+    /// the full run's iteration time bit for bit and each representative's finish time; a
+    /// slice of the last rank gives that rank's full-run timing. Jobs the check rejects must
+    /// be rejected with `Asymmetric`, never mis-simulated.
+    #[test]
+    fn prop_reduced_equals_full(job in arb_job(), interleave in any::<bool>()) {
+        let mut job = job;
+        if interleave && job.parallel.pp >= 2 && job.micro_batches() % job.parallel.pp as u64 == 0 {
+            job.parallel.schedule = Schedule::Interleaved;
+            job.parallel.vpp = 2;
+        }
+        prop_assume!(job.validate().is_ok());
+        let f = full(&job);
+        match simulate(&job, &with_mode(Mode::Reduced)) {
+            Err(SimError::Asymmetric(_)) => {}
+            Err(e) => prop_assert!(false, "reduced run failed: {e}"),
+            Ok(r) => {
+                prop_assert_eq!(r.summary.iteration_time_s, f.summary.iteration_time_s);
+                for rt in &r.ranks {
+                    prop_assert_eq!(rt.finish_s, f.ranks[rt.rank as usize].finish_s);
+                    prop_assert_eq!(rt.compute_s, f.ranks[rt.rank as usize].compute_s);
+                }
+                let last = job.num_gpus() as u32 - 1;
+                let s = run(&job, &with_mode(Mode::Slice(vec![last])));
+                prop_assert_eq!(s.summary.iteration_time_s, f.summary.iteration_time_s);
+                prop_assert_eq!(s.ranks.len(), 1);
+                prop_assert_eq!(s.ranks[0].finish_s, f.ranks[last as usize].finish_s);
+                prop_assert_eq!(s.ranks[0].compute_s, f.ranks[last as usize].compute_s);
+            }
+        }
+    }
+
+    /// Truth: faster GPUs (2x tensor peak and HBM bandwidth) never slow an iteration.
+    #[test]
+    fn prop_faster_gpu_never_slower(job in arb_job()) {
+        let base = iter_time(&job);
+        let mut fast = job.clone();
+        fast.cluster.gpu.peak_tflops_bf16 *= 2.0;
+        fast.cluster.gpu.peak_tflops_fp8 = fast.cluster.gpu.peak_tflops_fp8.map(|x| x * 2.0);
+        fast.cluster.gpu.hbm_tbps *= 2.0;
+        let t = iter_time(&fast);
+        prop_assert!(t <= base * (1.0 + 1e-9), "2x GPU: {t} > {base} for {:?}", job.parallel);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Schedules and symmetry
+// ---------------------------------------------------------------------------------------------
+
+/// Truth: every micro-batch goes through the same layers of a stage, so per stage the number of
+/// forward (and backward, and recompute) kernels is the same for every micro-batch; the graph
+/// has one program per pipeline stage; and every rank of a stage, doing identical work on a
+/// symmetric placement, gets identical timings in a full run.
+#[test]
+fn schedules_per_micro_batch_and_stage_symmetry() {
+    let mut jobs = vec![small_job(4, 2, 4, 32), small_job(4, 8, 2, 16)];
+    let mut g = small_job(2, 2, 4, 16);
+    g.parallel.schedule = Schedule::GPipe;
+    g.parallel.recompute = Recompute::Full;
+    jobs.push(g);
+    let mut i = small_job(2, 2, 4, 16);
+    i.parallel.schedule = Schedule::Interleaved;
+    i.parallel.vpp = 2;
+    i.parallel.recompute = Recompute::Selective;
+    jobs.push(i);
+    let mut o = small_job(8, 8, 2, 32);
+    o.cluster.topology.oversubscription = 4.0;
+    o.cluster.topology.rail_group_nodes = 2;
+    jobs.push(o);
+    for job in jobs {
+        let job = valid(job);
+        let l = prism_core::layout::Layout::new(&job);
+        let reps: Vec<u32> = (0..job.parallel.pp).map(|s| s * l.stage_size()).collect();
+        let res = run(
+            &job,
+            &SimOptions {
+                record_ranks: reps.clone(),
+                ..SimOptions::default()
+            },
+        );
+        assert_eq!(res.graph.programs.len(), job.parallel.pp as usize);
+        assert_eq!(res.summary.programs, job.parallel.pp as usize);
+        let m = job.micro_batches() as u32;
+        for (stage, &rep) in reps.iter().enumerate() {
+            let prog = &res.graph.programs[stage];
+            let tl = res.timelines.iter().find(|t| t.rank == rep).unwrap();
+            // (phase, micro-batch) -> compute kernels recorded.
+            let mut counts: BTreeMap<(u8, u32), usize> = BTreeMap::new();
+            for rec in &tl.ops {
+                if let OpKind::Compute(_) = prog.kind[rec.op as usize] {
+                    let tag = prog.tag[rec.op as usize];
+                    if tag.micro_batch == NONE {
+                        continue;
+                    }
+                    let ph = match tag.phase {
+                        Phase::Forward => 0,
+                        Phase::Backward => 1,
+                        Phase::Recompute => 2,
+                        Phase::Optimizer => 3,
+                    };
+                    *counts.entry((ph, tag.micro_batch)).or_default() += 1;
+                }
+            }
+            for ph in [0u8, 1] {
+                let per_mb: Vec<usize> = (0..m)
+                    .map(|mb| counts.get(&(ph, mb)).copied().unwrap_or(0))
+                    .collect();
+                assert!(per_mb[0] > 0, "stage {stage}: no kernels of phase {ph}");
+                assert!(
+                    per_mb.iter().all(|&c| c == per_mb[0]),
+                    "stage {stage} phase {ph}: {per_mb:?}"
+                );
+            }
+            let rc: Vec<usize> = (0..m)
+                .map(|mb| counts.get(&(2, mb)).copied().unwrap_or(0))
+                .collect();
+            assert!(
+                rc.iter().all(|&c| c == rc[0]),
+                "stage {stage} recompute: {rc:?}"
+            );
+            assert_eq!(rc[0] > 0, job.parallel.recompute != Recompute::None);
+            // Symmetry: every rank of the stage times like its representative.
+            let rep_t = &res.ranks[rep as usize];
+            for r in rep..rep + l.stage_size() {
+                let t = &res.ranks[r as usize];
+                assert_eq!(t.finish_s, rep_t.finish_s, "rank {r} vs {rep} finish");
+                assert_eq!(t.compute_s, rep_t.compute_s, "rank {r} vs {rep} compute");
+                assert_eq!(t.gemm_s, rep_t.gemm_s);
+                assert_breakdowns_close(&t.breakdown, &rep_t.breakdown, "stage symmetry");
+            }
+        }
+    }
+}
+
+/// Truth: the step lists of `graph::schedule` cover every micro-batch once per direction and
+/// chunk, and (1F1B) the first stage runs `p - 1` warm-up forwards, the last none.
+#[test]
+fn schedule_step_lists() {
+    use prism_core::graph::schedule;
+    for (kind, v) in [
+        (Schedule::GPipe, 1),
+        (Schedule::OneFOneB, 1),
+        (Schedule::Interleaved, 2),
+        (Schedule::Interleaved, 4),
+    ] {
+        for p in [2u32, 4, 8] {
+            let m = 2 * p;
+            for stage in 0..p {
+                let s = schedule(kind, stage, p, m, v);
+                assert_eq!(s.len() as u32, 2 * m * v);
+                if kind == Schedule::OneFOneB {
+                    let warm = s.iter().take_while(|x| x.forward).count() as u32;
+                    assert_eq!(
+                        warm,
+                        p - stage,
+                        "warm-up forwards (incl. the first steady forward)"
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. Validation errors
+// ---------------------------------------------------------------------------------------------
+
+/// Truth: asking for ranks the job does not have is an error, not a panic or a silent result.
+#[test]
+fn nonexistent_ranks_are_rejected() {
+    let job = valid(small_job(1, 2, 2, 8));
+    let err = simulate(&job, &with_mode(Mode::Slice(vec![10_000]))).unwrap_err();
+    assert_eq!(
+        err,
+        SimError::NoSuchRank {
+            rank: 10_000,
+            ranks: 8
+        }
+    );
+    let err = simulate(
+        &job,
+        &SimOptions {
+            record_ranks: vec![8],
+            ..SimOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(err, SimError::NoSuchRank { rank: 8, ranks: 8 });
+    // The last rank is fine.
+    assert!(simulate(&job, &with_mode(Mode::Slice(vec![7]))).is_ok());
+}
+
+/// Sanity on the Work FLOP conventions the graph FLOP test relies on.
+#[test]
+fn attention_work_flops_conventions() {
+    let fwd = Work::Attention {
+        batch: 1,
+        heads: 2,
+        seq_q: 128,
+        seq_kv: 128,
+        head_dim: 64,
+        causal: false,
+        backward: false,
+    };
+    assert_eq!(fwd.flops(), 4.0 * 2.0 * 128.0 * 128.0 * 64.0);
+    let bwd = Work::Attention {
+        batch: 1,
+        heads: 2,
+        seq_q: 128,
+        seq_kv: 128,
+        head_dim: 64,
+        causal: false,
+        backward: true,
+    };
+    assert_eq!(bwd.flops(), 2.5 * fwd.flops());
+}
