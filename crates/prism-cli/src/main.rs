@@ -26,6 +26,21 @@ struct Cli {
 enum Command {
     /// Simulate one training iteration and report time, throughput, MFU, memory and breakdown.
     Simulate(SimulateArgs),
+    /// Measure Prism itself: wall time (median of repeats) and peak memory of reference runs.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// Repeats per scenario (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: u32,
+    /// Only scenarios whose name contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -57,10 +72,13 @@ struct SimulateArgs {
     allow_oom: bool,
 }
 
+mod bench;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(args) => simulate(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

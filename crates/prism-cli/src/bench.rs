@@ -1,0 +1,138 @@
+//! `prism bench`: wall time and peak memory of reference simulations, measured in-process on a
+//! release build. Peak memory is the process's resident high-water mark (Linux `VmHWM`), reset
+//! before each scenario through `/proc/self/clear_refs`; elsewhere it is reported as unknown.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use prism_core::engine::{Mode, SimOptions};
+
+use crate::BenchArgs;
+
+struct Scenario {
+    name: &'static str,
+    what: &'static str,
+    sets: &'static [&'static str],
+    mode: Mode,
+}
+
+fn scenarios() -> Vec<Scenario> {
+    // Smallest first: the allocator keeps freed memory, so each high-water mark is its own.
+    vec![
+        Scenario {
+            name: "llama3-405b-16k-reduced",
+            what: "default job, one representative per pipeline stage",
+            sets: &[],
+            mode: Mode::Reduced,
+        },
+        Scenario {
+            name: "llama3-405b-16k-full",
+            what: "default job: Llama 3 405B, 16,384 H100, tp 8 pp 16 dp 128, every rank",
+            sets: &[],
+            mode: Mode::Full,
+        },
+        Scenario {
+            name: "llama3-405b-64k-full",
+            what: "same model on 65,536 H100 (dp 512, global batch 8192), every rank",
+            sets: &[
+                "cluster.nodes=8192",
+                "parallel.dp=512",
+                "training.global_batch=8192",
+            ],
+            mode: Mode::Full,
+        },
+    ]
+}
+
+fn peak_rss_reset() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let repeat = args.repeat.clamp(1, 100);
+    let mut rows = Vec::new();
+    for sc in scenarios() {
+        if let Some(f) = &args.filter
+            && !sc.name.contains(f.as_str())
+        {
+            continue;
+        }
+        let sets: Vec<String> = sc.sets.iter().map(|s| s.to_string()).collect();
+        let job = prism_io::jobfile::default_job(&sets)
+            .with_context(|| format!("scenario {}", sc.name))?
+            .job;
+        let opts = SimOptions {
+            mode: sc.mode.clone(),
+            ..SimOptions::default()
+        };
+        let rss_ok = peak_rss_reset();
+        let mut times = Vec::new();
+        let mut iteration = 0.0;
+        let mut events = 0;
+        for _ in 0..repeat {
+            let t0 = Instant::now();
+            let r = prism_core::simulate(&job, &opts)
+                .with_context(|| format!("scenario {}", sc.name))?;
+            times.push(t0.elapsed().as_secs_f64());
+            iteration = r.summary.iteration_time_s;
+            events = r.events;
+        }
+        let rss = if rss_ok { peak_rss_bytes() } else { None };
+        let med = median(&mut times);
+        if !args.json {
+            eprintln!("{}: median {:.3} s over {} runs", sc.name, med, repeat);
+        }
+        rows.push(serde_json::json!({
+            "scenario": sc.name,
+            "description": sc.what,
+            "gpus": job.num_gpus(),
+            "repeats": repeat,
+            "wall_s_median": med,
+            "wall_s_min": times.first().copied(),
+            "wall_s_max": times.last().copied(),
+            "peak_rss_bytes": rss,
+            "events": events,
+            "simulated_iteration_s": iteration,
+        }));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!(
+            "{:<26} {:>7} {:>12} {:>12} {:>12} {:>14}",
+            "scenario", "GPUs", "median s", "min s", "peak RSS MiB", "events"
+        );
+        for r in &rows {
+            let rss = r["peak_rss_bytes"].as_u64().map_or("n/a".to_string(), |b| {
+                format!("{:.0}", b as f64 / 1048576.0)
+            });
+            println!(
+                "{:<26} {:>7} {:>12.3} {:>12.3} {:>12} {:>14}",
+                r["scenario"].as_str().unwrap_or(""),
+                r["gpus"],
+                r["wall_s_median"].as_f64().unwrap_or(f64::NAN),
+                r["wall_s_min"].as_f64().unwrap_or(f64::NAN),
+                rss,
+                r["events"]
+            );
+        }
+    }
+    Ok(())
+}
