@@ -407,11 +407,34 @@ impl Job {
         ] {
             positive(k, v as u64)?;
         }
-        if m.layers > MAX_LAYERS {
-            return Err(JobError::new(
-                "model.layers",
-                format!("must be at most {MAX_LAYERS} (got {})", m.layers),
-            ));
+        // Size bounds far above any published model keep every derived count (parameters,
+        // FLOPs, bytes) inside u64 and f64 precision.
+        for (k, v, max) in [
+            ("model.layers", m.layers, MAX_LAYERS),
+            ("model.hidden", m.hidden, 1 << 17),
+            ("model.ffn_hidden", m.ffn_hidden, 1 << 20),
+            ("model.heads", m.heads, 1 << 14),
+            ("model.head_dim", m.head_dim, 1 << 14),
+            ("model.vocab", m.vocab, 1 << 24),
+            ("model.seq_len", m.seq_len, 1 << 24),
+        ] {
+            if v > max {
+                return Err(JobError::new(k, format!("must be at most {max} (got {v})")));
+            }
+        }
+        if let Some(moe) = &m.moe {
+            if moe.experts > 4096 {
+                return Err(JobError::new(
+                    "model.moe_experts",
+                    format!("must be at most 4096 (got {})", moe.experts),
+                ));
+            }
+            if moe.ffn_hidden > 1 << 20 {
+                return Err(JobError::new(
+                    "model.moe_ffn_hidden",
+                    format!("must be at most {} (got {})", 1 << 20, moe.ffn_hidden),
+                ));
+            }
         }
         if !m.heads.is_multiple_of(m.kv_heads) {
             return Err(JobError::new(
@@ -519,9 +542,9 @@ impl Job {
                 ),
             ));
         }
-        let model_parallel = p.tp as u64 * p.pp as u64 * p.cp as u64;
-        let product = model_parallel * p.dp as u64;
-        if product != c.num_gpus() {
+        // Each factor is at most 2^32, so the product of four fits in u128.
+        let product = p.tp as u128 * p.pp as u128 * p.cp as u128 * p.dp as u128;
+        if product != c.num_gpus() as u128 {
             return Err(JobError::new(
                 "parallel.dp",
                 format!(
@@ -630,7 +653,23 @@ impl Job {
                     "an uneven pipeline split is supported only with vpp = 1",
                 ));
             }
-            let fixed = p.first_stage_layers.unwrap_or(0) + p.last_stage_layers.unwrap_or(0);
+            let fixed =
+                p.first_stage_layers.unwrap_or(0) as u64 + p.last_stage_layers.unwrap_or(0) as u64;
+            if fixed > m.layers as u64 {
+                let key = if p.first_stage_layers.is_some() {
+                    "parallel.first_stage_layers"
+                } else {
+                    "parallel.last_stage_layers"
+                };
+                return Err(JobError::new(
+                    key,
+                    format!(
+                        "first + last stage layers ({fixed}) exceed model.layers ({})",
+                        m.layers
+                    ),
+                ));
+            }
+            let fixed = fixed as u32;
             let middle =
                 p.pp - p.first_stage_layers.is_some() as u32 - p.last_stage_layers.is_some() as u32;
             let key = if p.first_stage_layers.is_some() {
@@ -670,7 +709,7 @@ impl Job {
                     return Err(JobError::new(k, "must be at least 1"));
                 }
             }
-        } else if !m.layers.is_multiple_of(p.pp * p.vpp) {
+        } else if !(m.layers as u64).is_multiple_of(p.pp as u64 * p.vpp as u64) {
             return Err(JobError::new(
                 "parallel.pp",
                 format!(
@@ -810,5 +849,69 @@ pub mod fixtures {
                 flash_attention: true,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::small_job;
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_size() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            0u32..=16,
+            Just(u32::MAX),
+            Just(u32::MAX / 2),
+            1u32..=1 << 20
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// `validate` never panics, whatever the sizes; a job it accepts has a consistent
+        /// layer split and at least one micro-batch per pipeline.
+        #[test]
+        fn validate_is_total(
+            layers in any_size(), hidden in any_size(), heads in any_size(), kv in any_size(),
+            tp in any_size(), pp in any_size(), cp in any_size(), dp in any_size(), vpp in any_size(),
+            nodes in any_size(), gb in any_size(), first in proptest::option::of(any_size()),
+            last in proptest::option::of(any_size()),
+        ) {
+            let mut job = small_job(2, 2, 2, 16);
+            job.model.layers = layers;
+            job.model.hidden = hidden;
+            job.model.heads = heads;
+            job.model.kv_heads = kv;
+            job.parallel.tp = tp;
+            job.parallel.pp = pp;
+            job.parallel.cp = cp;
+            job.parallel.dp = dp;
+            job.parallel.vpp = vpp;
+            job.parallel.first_stage_layers = first;
+            job.parallel.last_stage_layers = last;
+            job.cluster.nodes = nodes;
+            job.training.global_batch = gb;
+            if job.validate().is_ok() {
+                prop_assert_eq!(job.stage_layers().iter().map(|&l| l as u64).sum::<u64>(), layers as u64);
+                prop_assert!(job.stage_layers().iter().all(|&l| l >= 1));
+                prop_assert!(job.micro_batches() >= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let mut job = small_job(2, 2, 2, 16);
+        job.parallel.tp = 3;
+        assert_eq!(job.validate().unwrap_err().key, "parallel.tp");
+        let mut job = small_job(2, 2, 2, 16);
+        job.training.global_batch = 15;
+        let e = job.validate().unwrap_err();
+        assert_eq!(e.key, "training.global_batch");
+        assert!(e.rule.contains("divisible by dp x micro_batch"), "{e}");
+        let mut job = small_job(2, 2, 2, 16);
+        job.model.hidden = 1 << 20;
+        assert_eq!(job.validate().unwrap_err().key, "model.hidden");
     }
 }
