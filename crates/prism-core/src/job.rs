@@ -855,7 +855,6 @@ pub mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::fixtures::small_job;
-    use super::*;
     use proptest::prelude::*;
 
     fn any_size() -> impl Strategy<Value = u32> {
