@@ -28,6 +28,11 @@ enum Command {
     Simulate(SimulateArgs),
     /// Measure Prism itself: wall time (median of repeats) and peak memory of reference runs.
     Bench(BenchArgs),
+    /// Simulate published training runs and report the prediction error.
+    Validate(validate::ValidateArgs),
+    /// Work with measured profiles.
+    #[command(subcommand)]
+    Profile(profile::ProfileCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -73,12 +78,20 @@ struct SimulateArgs {
 }
 
 mod bench;
+mod profile;
+mod validate;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Simulate(args) => simulate(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Validate(args) => match validate::run(&args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
+        Command::Profile(cmd) => profile::run(&cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

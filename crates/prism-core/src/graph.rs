@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 
 use crate::cost::comm::Collective;
-use crate::job::{Activation, Job, Recompute, Schedule};
+use crate::job::{Activation, Job, Precision, Recompute, Schedule};
 use crate::layout::{GroupKind, Layout};
 use crate::ops::{ComputeOp, OpClass, Work};
 
@@ -374,6 +374,12 @@ struct StageBuilder<'a> {
     embedding_grad_ready: Option<u32>,
     /// Last op issued that a following send must wait for (blocking P2P of plain 1F1B).
     blocking_send: Option<u32>,
+    /// Gradient / parameter buckets of this stage.
+    buckets: Vec<Bucket>,
+    /// Parameter all-gather each layer's forward waits for (overlapped param gather).
+    param_ready: BTreeMap<u32, u32>,
+    embedding_param_ready: Option<u32>,
+    lm_head_param_ready: Option<u32>,
 }
 
 /// Sizes every op of one layer needs, per rank.
@@ -415,6 +421,10 @@ impl<'a> StageBuilder<'a> {
             lm_head_grad_ready: None,
             embedding_grad_ready: None,
             blocking_send: None,
+            buckets: Vec::new(),
+            param_ready: BTreeMap::new(),
+            embedding_param_ready: None,
+            lm_head_param_ready: None,
         }
     }
 
@@ -450,6 +460,8 @@ impl<'a> StageBuilder<'a> {
         let par = &j.parallel;
         let m = j.micro_batches() as u32;
         let steps = schedule(par.schedule, self.stage, par.pp, m, par.vpp);
+        self.buckets = self.plan_buckets();
+        self.param_gather_at_start();
         for step in steps {
             if step.forward {
                 self.forward_step(step.micro_batch, step.chunk, m);
@@ -644,48 +656,97 @@ impl<'a> StageBuilder<'a> {
         self.send(-1, tag, Self::tag(Phase::Backward, mb, NONE), cur);
     }
 
+    /// True when TP all-gathers / reduce-scatters run concurrently with their GEMMs.
+    fn tp_overlap(&self) -> bool {
+        self.job.parallel.tp_comm_overlap && self.dims().sp
+    }
+
+    /// A GEMM fed by a TP all-gather of `input` (SP). Without overlap the GEMM waits for the
+    /// gather; with `tp_comm_overlap` the two run together and the returned "done" list holds
+    /// both, for the next op to wait on.
+    fn gathered_gemm(
+        &mut self,
+        name: &'static str,
+        work: Work,
+        tag: OpTag,
+        input: u32,
+        gather: bool,
+    ) -> Vec<u32> {
+        let act = self.dims().t * self.dims().h * ACT_BYTES;
+        let ag = if gather {
+            self.collective(GroupKind::Tp, Collective::AllGather, act, tag, &[input])
+        } else {
+            None
+        };
+        if self.tp_overlap() {
+            let g = self.compute(name, OpClass::Gemm, work, tag, &[input]);
+            std::iter::once(g).chain(ag).collect()
+        } else {
+            vec![self.compute(name, OpClass::Gemm, work, tag, &[ag.unwrap_or(input)])]
+        }
+    }
+
+    /// A GEMM whose output is reduced over TP (reduce-scatter with SP, all-reduce without).
+    /// With `tp_comm_overlap` the reduce-scatter is pipelined with the GEMM.
+    fn reduced_gemm(
+        &mut self,
+        name: &'static str,
+        work: Work,
+        tag: OpTag,
+        input: &[u32],
+    ) -> Vec<u32> {
+        let d = self.dims();
+        let act = d.t * d.h * ACT_BYTES;
+        let op = if d.sp {
+            Collective::ReduceScatter
+        } else {
+            Collective::AllReduce
+        };
+        if self.tp_overlap() {
+            let rs = self.collective(GroupKind::Tp, op, act, tag, input);
+            let g = self.compute(name, OpClass::Gemm, work, tag, input);
+            std::iter::once(g).chain(rs).collect()
+        } else {
+            let g = self.compute(name, OpClass::Gemm, work, tag, input);
+            let r = if d.tp > 1 {
+                self.collective(GroupKind::Tp, op, act, tag, &[g])
+            } else {
+                None
+            };
+            vec![r.unwrap_or(g)]
+        }
+    }
+
+    /// Bytes of one dropout mask over `elems` elements (1 byte each), 0 without dropout.
+    fn mask_bytes(&self, elems: u64) -> u64 {
+        if self.job.model.dropout { elems } else { 0 }
+    }
+
     /// Forward of one transformer layer; returns the op producing its output.
     fn layer_forward(&mut self, mb: u32, layer: u32, input: Option<u32>, phase: Phase) -> u32 {
         let d = self.dims();
         let m = &self.job.model;
         let tag = Self::tag(phase, mb, layer);
-        let tp_in = if d.sp {
-            Some(Collective::AllGather)
-        } else {
-            None
-        };
-        let tp_out = if d.tp > 1 {
-            Some(if d.sp {
-                Collective::ReduceScatter
-            } else {
-                Collective::AllReduce
-            })
-        } else {
-            None
-        };
-        let act = d.t * d.h * ACT_BYTES;
+        let mut deps = Self::deps(input);
+        if phase == Phase::Forward {
+            deps.extend(self.param_ready.get(&layer).copied());
+        }
         // Attention block.
         let n1 = self.compute(
             "norm1_fwd",
             OpClass::Norm,
             Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
             tag,
-            &Self::deps(input),
+            &deps,
         );
-        let mut cur = n1;
-        if let Some(op) = tp_in {
-            cur = self
-                .collective(GroupKind::Tp, op, act, tag, &[cur])
-                .unwrap_or(cur);
-        }
-        let qkv = self.compute(
+        let qkv = self.gathered_gemm(
             "qkv_fwd",
-            OpClass::Gemm,
             Self::gemm(d.t, d.q_local + 2 * d.kv_local, d.h),
             tag,
-            &[cur],
+            n1,
+            d.sp,
         );
-        cur = qkv;
+        let mut cur = qkv.clone();
         let cp = self.job.parallel.cp as u64;
         if cp > 1 {
             let kv_bytes = self.job.parallel.micro_batch as u64
@@ -693,36 +754,25 @@ impl<'a> StageBuilder<'a> {
                 * 2
                 * d.kv_local
                 * ACT_BYTES;
-            cur = self
-                .collective(GroupKind::Cp, Collective::AllGather, kv_bytes, tag, &[cur])
-                .unwrap_or(cur);
+            if let Some(c) =
+                self.collective(GroupKind::Cp, Collective::AllGather, kv_bytes, tag, &cur)
+            {
+                cur = vec![c];
+            }
         }
-        let attn = self.compute(
-            "attention_fwd",
-            OpClass::Attention,
-            self.attention_work(false),
-            tag,
-            &[cur],
-        );
-        let proj = self.compute(
+        let attn = self.attention_forward(tag, &cur, false);
+        let proj = self.reduced_gemm(
             "out_proj_fwd",
-            OpClass::Gemm,
             Self::gemm(d.t, d.h, d.q_local),
             tag,
             &[attn],
         );
-        cur = proj;
-        if let Some(op) = tp_out {
-            cur = self
-                .collective(GroupKind::Tp, op, act, tag, &[cur])
-                .unwrap_or(cur);
-        }
         let res1 = self.compute(
             "residual1_fwd",
             OpClass::Elementwise,
-            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES + self.mask_bytes(d.t_sp * d.h)),
             tag,
-            &[cur],
+            &proj,
         );
         let n2 = self.compute(
             "norm2_fwd",
@@ -731,7 +781,7 @@ impl<'a> StageBuilder<'a> {
             tag,
             &[res1],
         );
-        cur = n2;
+        let mut cur = vec![n2];
         // MLP block.
         if let Some(moe) = &self.job.model.moe {
             let ep = self.job.parallel.ep as u64;
@@ -749,10 +799,10 @@ impl<'a> StageBuilder<'a> {
                 OpClass::Router,
                 Self::gemm(d.t_sp, moe.experts as u64, d.h),
                 tag,
-                &[cur],
+                &cur,
             );
             let a2a_bytes = pairs * d.h * ACT_BYTES;
-            cur = self
+            let c = self
                 .collective(
                     GroupKind::Ep,
                     Collective::AllToAll,
@@ -761,19 +811,19 @@ impl<'a> StageBuilder<'a> {
                     &[router],
                 )
                 .unwrap_or(router);
-            let fc1 = self.compute(
+            let batch = local_experts;
+            self.compute(
                 "expert_fc1_fwd",
                 OpClass::Gemm,
                 Work::Gemm {
                     m: per_expert,
                     n: n_fc1,
                     k: d.h,
-                    batch: local_experts,
+                    batch,
                 },
                 tag,
-                &[cur],
+                &[c],
             );
-            let _ = fc1;
             self.compute(
                 "expert_act_fwd",
                 OpClass::Elementwise,
@@ -788,60 +838,233 @@ impl<'a> StageBuilder<'a> {
                     m: per_expert,
                     n: d.h,
                     k: fe,
-                    batch: local_experts,
+                    batch,
                 },
                 tag,
                 &[],
             );
-            cur = self
-                .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
-                .unwrap_or(fc2);
+            cur = vec![
+                self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
+                    .unwrap_or(fc2),
+            ];
         } else {
-            if let Some(op) = tp_in {
-                cur = self
-                    .collective(GroupKind::Tp, op, act, tag, &[cur])
-                    .unwrap_or(cur);
-            }
             let n_fc1 = if m.activation == Activation::SwiGlu {
                 2 * d.ffn_local
             } else {
                 d.ffn_local
             };
-            self.compute(
-                "fc1_fwd",
-                OpClass::Gemm,
-                Self::gemm(d.t, n_fc1, d.h),
-                tag,
-                &[cur],
-            );
-            self.compute(
+            let fc1 = self.gathered_gemm("fc1_fwd", Self::gemm(d.t, n_fc1, d.h), tag, n2, d.sp);
+            let act = self.compute(
                 "act_fwd",
                 OpClass::Elementwise,
                 Self::mem((n_fc1 + d.ffn_local) * d.t * ACT_BYTES),
                 tag,
-                &[],
+                &fc1,
             );
-            let fc2 = self.compute(
-                "fc2_fwd",
-                OpClass::Gemm,
-                Self::gemm(d.t, d.h, d.ffn_local),
+            cur = self.reduced_gemm("fc2_fwd", Self::gemm(d.t, d.h, d.ffn_local), tag, &[act]);
+        }
+        if self.job.training.precision == Precision::Fp8 {
+            // Transformer Engine: the weights of the layer's four GEMMs are cast to FP8 (read
+            // BF16, write FP8) each micro-batch, and the inputs of the out-projection and FC2
+            // GEMMs are cast (LayerNorm and activation kernels emit FP8 themselves).
+            let weights = self.layer_weights_local();
+            let bytes = 3 * weights + 3 * d.t * (d.q_local + d.ffn_local);
+            let c = self.compute(
+                "fp8_cast_fwd",
+                OpClass::Elementwise,
+                Self::mem(bytes),
                 tag,
-                &[],
+                &cur,
             );
-            cur = fc2;
-            if let Some(op) = tp_out {
-                cur = self
-                    .collective(GroupKind::Tp, op, act, tag, &[cur])
-                    .unwrap_or(cur);
-            }
+            cur = vec![c];
         }
         self.compute(
             "residual2_fwd",
             OpClass::Elementwise,
-            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES + self.mask_bytes(d.t_sp * d.h)),
             tag,
-            &[cur],
+            &cur,
         )
+    }
+
+    /// Weights of one layer held by this rank.
+    fn layer_weights_local(&self) -> u64 {
+        let m = &self.job.model;
+        let p = &self.job.parallel;
+        let experts = m
+            .moe
+            .as_ref()
+            .map_or(0, |e| e.experts as u64 * m.expert_params());
+        (m.layer_params() - experts) / p.tp as u64 + experts / p.ep as u64
+    }
+
+    /// Attention core forward: one fused (flash) kernel, or Megatron's unfused sequence of
+    /// batched score GEMM, fused scale-mask-softmax, dropout and context GEMM. Returns its last op.
+    fn attention_forward(&mut self, tag: OpTag, deps: &[u32], recompute_core: bool) -> u32 {
+        let tag = if recompute_core {
+            OpTag {
+                phase: Phase::Recompute,
+                ..tag
+            }
+        } else {
+            tag
+        };
+        if self.job.training.flash_attention {
+            let name = if recompute_core {
+                "attention_recompute"
+            } else {
+                "attention_fwd"
+            };
+            return self.compute(
+                name,
+                OpClass::Attention,
+                self.attention_work(false),
+                tag,
+                deps,
+            );
+        }
+        let u = self.unfused();
+        let scores = self.compute(
+            "attn_scores_fwd",
+            OpClass::Gemm,
+            Work::Gemm {
+                m: u.sq,
+                n: u.skv,
+                k: u.dh,
+                batch: u.bh,
+            },
+            tag,
+            deps,
+        );
+        let _ = scores;
+        self.compute(
+            "softmax_fwd",
+            OpClass::Elementwise,
+            Self::mem(2 * u.scores * ACT_BYTES),
+            tag,
+            &[],
+        );
+        let mut last = None;
+        if self.job.model.dropout {
+            last = Some(self.compute(
+                "attn_dropout_fwd",
+                OpClass::Elementwise,
+                Self::mem(2 * u.scores * ACT_BYTES + u.scores),
+                tag,
+                &[],
+            ));
+        }
+        if recompute_core {
+            // Selective recompute re-creates the probabilities; the context GEMM is not redone.
+            return last.unwrap_or(scores);
+        }
+        self.compute(
+            "attn_context_fwd",
+            OpClass::Gemm,
+            Work::Gemm {
+                m: u.sq,
+                n: u.dh,
+                k: u.skv,
+                batch: u.bh,
+            },
+            tag,
+            &[],
+        )
+    }
+
+    /// Attention core backward (fused flash backward, or the unfused kernels' gradients).
+    fn attention_backward(&mut self, tag: OpTag, deps: &[u32]) -> u32 {
+        if self.job.training.flash_attention {
+            return self.compute(
+                "attention_bwd",
+                OpClass::Attention,
+                self.attention_work(true),
+                tag,
+                deps,
+            );
+        }
+        let u = self.unfused();
+        // dP = dO V^T and dV = P^T dO.
+        self.compute(
+            "attn_context_dgrad",
+            OpClass::Gemm,
+            Work::Gemm {
+                m: u.sq,
+                n: u.skv,
+                k: u.dh,
+                batch: u.bh,
+            },
+            tag,
+            deps,
+        );
+        self.compute(
+            "attn_context_wgrad",
+            OpClass::Gemm,
+            Work::Gemm {
+                m: u.skv,
+                n: u.dh,
+                k: u.sq,
+                batch: u.bh,
+            },
+            tag,
+            &[],
+        );
+        if self.job.model.dropout {
+            self.compute(
+                "attn_dropout_bwd",
+                OpClass::Elementwise,
+                Self::mem(2 * u.scores * ACT_BYTES + u.scores),
+                tag,
+                &[],
+            );
+        }
+        self.compute(
+            "softmax_bwd",
+            OpClass::Elementwise,
+            Self::mem(3 * u.scores * ACT_BYTES),
+            tag,
+            &[],
+        );
+        // dQ = dS K and dK = dS^T Q.
+        self.compute(
+            "attn_scores_dgrad",
+            OpClass::Gemm,
+            Work::Gemm {
+                m: u.sq,
+                n: u.dh,
+                k: u.skv,
+                batch: u.bh,
+            },
+            tag,
+            &[],
+        );
+        self.compute(
+            "attn_scores_wgrad",
+            OpClass::Gemm,
+            Work::Gemm {
+                m: u.skv,
+                n: u.dh,
+                k: u.sq,
+                batch: u.bh,
+            },
+            tag,
+            &[],
+        )
+    }
+
+    fn unfused(&self) -> Unfused {
+        let m = &self.job.model;
+        let par = &self.job.parallel;
+        let s = m.seq_len as u64;
+        let sq = s / par.cp as u64;
+        let bh = par.micro_batch as u64 * (m.heads / par.tp) as u64;
+        Unfused {
+            sq,
+            skv: s,
+            dh: m.head_dim as u64,
+            bh,
+            scores: bh * sq * s,
+        }
     }
 
     fn attention_work(&self, backward: bool) -> Work {
@@ -1022,7 +1245,6 @@ impl<'a> StageBuilder<'a> {
     /// Backward of a TP-sharded linear layer whose input was gathered (SP) or replicated:
     /// data-gradient GEMM, then the input-gradient reduction overlapping the weight-gradient
     /// GEMM. Returns (op producing the input gradient, weight-gradient op).
-    #[allow(clippy::too_many_arguments)]
     fn linear_backward_in(
         &mut self,
         names: (&'static str, &'static str),
@@ -1072,7 +1294,25 @@ impl<'a> StageBuilder<'a> {
         }
     }
 
-    /// Backward of one layer; returns (op producing the input gradient, last weight-gradient op).
+    /// The gradient of a reduced GEMM's output arriving over TP: an all-gather with SP (the
+    /// backward of the forward reduce-scatter). With `tp_comm_overlap` the data-gradient GEMM
+    /// is pipelined with it. Returns the deps for the data-gradient GEMM and for the op after it.
+    fn gathered_grad(&mut self, tag: OpTag, grad: u32) -> (Vec<u32>, Vec<u32>) {
+        let d = self.dims();
+        if !d.sp {
+            return (vec![grad], vec![]);
+        }
+        let act = d.t * d.h * ACT_BYTES;
+        let ag = self.collective(GroupKind::Tp, Collective::AllGather, act, tag, &[grad]);
+        match ag {
+            Some(a) if self.tp_overlap() => (vec![grad], vec![a]),
+            Some(a) => (vec![a], vec![]),
+            None => (vec![grad], vec![]),
+        }
+    }
+
+    /// Backward of one layer; returns (op producing the input gradient, last op of the layer's
+    /// weight gradients).
     fn layer_backward(&mut self, mb: u32, layer: u32, grad: Option<u32>) -> (u32, u32) {
         let d = self.dims();
         let m = &self.job.model;
@@ -1081,16 +1321,33 @@ impl<'a> StageBuilder<'a> {
         let r2 = self.compute(
             "residual2_bwd",
             OpClass::Elementwise,
-            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES + self.mask_bytes(d.t_sp * d.h)),
             tag,
             &Self::deps(grad),
         );
         let mut cur = r2;
-        let last_wgrad;
+        if self.job.training.precision == Precision::Fp8 {
+            // Transformer Engine casts and transposes every GEMM's output gradient to FP8 (read
+            // BF16, write FP8 twice) and the transposed FP8 weights for the data gradients.
+            let n_fc1 = if m.activation == Activation::SwiGlu {
+                2 * d.ffn_local
+            } else {
+                d.ffn_local
+            };
+            let grads = d.t * (d.q_local + 2 * d.kv_local + d.h + n_fc1 + d.h);
+            let bytes = 4 * grads + 3 * self.layer_weights_local();
+            cur = self.compute(
+                "fp8_cast_transpose_bwd",
+                OpClass::Elementwise,
+                Self::mem(bytes),
+                tag,
+                &[cur],
+            );
+        }
         // MLP block.
         if let Some(moe) = &self.job.model.moe {
             let ep = self.job.parallel.ep as u64;
-            let local_experts = moe.experts as u64 / ep;
+            let batch = moe.experts as u64 / ep;
             let pairs = d.t_sp * moe.top_k as u64;
             let per_expert = (pairs * ep).div_ceil(moe.experts as u64);
             let fe = moe.ffn_hidden as u64;
@@ -1110,7 +1367,7 @@ impl<'a> StageBuilder<'a> {
                     m: per_expert,
                     n: fe,
                     k: d.h,
-                    batch: local_experts,
+                    batch,
                 },
                 tag,
                 &[cur],
@@ -1122,7 +1379,7 @@ impl<'a> StageBuilder<'a> {
                     m: fe,
                     n: d.h,
                     k: per_expert,
-                    batch: local_experts,
+                    batch,
                 },
                 tag,
                 &[],
@@ -1141,39 +1398,33 @@ impl<'a> StageBuilder<'a> {
                     m: per_expert,
                     n: d.h,
                     k: n_fc1,
-                    batch: local_experts,
+                    batch,
                 },
                 tag,
                 &[],
             );
             let a2a = self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[dg]);
-            let wg = self.compute(
+            self.compute(
                 "expert_fc1_wgrad",
                 OpClass::Gemm,
                 Work::Gemm {
                     m: n_fc1,
                     n: d.h,
                     k: per_expert,
-                    batch: local_experts,
+                    batch,
                 },
                 tag,
                 &[],
             );
-            let rb = self.compute(
+            cur = self.compute(
                 "router_bwd",
                 OpClass::Router,
                 Self::gemm(d.t_sp, d.h, moe.experts as u64),
                 tag,
                 &Self::deps(a2a),
             );
-            last_wgrad = wg;
-            cur = rb;
         } else {
-            if d.sp {
-                cur = self
-                    .collective(GroupKind::Tp, Collective::AllGather, act, tag, &[cur])
-                    .unwrap_or(cur);
-            }
+            let (dg_deps, after) = self.gathered_grad(tag, cur);
             let n_fc1 = if m.activation == Activation::SwiGlu {
                 2 * d.ffn_local
             } else {
@@ -1184,14 +1435,14 @@ impl<'a> StageBuilder<'a> {
                 OpClass::Gemm,
                 Self::gemm(d.t, d.ffn_local, d.h),
                 tag,
-                &[cur],
+                &dg_deps,
             );
             self.compute(
                 "fc2_wgrad",
                 OpClass::Gemm,
                 Self::gemm(d.ffn_local, d.h, d.t),
                 tag,
-                &[],
+                &after,
             );
             let ab = self.compute(
                 "act_bwd",
@@ -1200,7 +1451,7 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
-            let (g, wg) = self.linear_backward_in(
+            let (g, _wg) = self.linear_backward_in(
                 ("fc1_dgrad", "fc1_wgrad"),
                 Self::gemm(d.t, d.h, n_fc1),
                 Self::gemm(n_fc1, d.h, d.t),
@@ -1208,7 +1459,6 @@ impl<'a> StageBuilder<'a> {
                 ab,
                 act,
             );
-            last_wgrad = wg;
             cur = g;
         }
         let nb2 = self.compute(
@@ -1221,49 +1471,30 @@ impl<'a> StageBuilder<'a> {
         let r1 = self.compute(
             "residual1_bwd",
             OpClass::Elementwise,
-            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES + self.mask_bytes(d.t_sp * d.h)),
             tag,
             &[nb2],
         );
-        cur = r1;
         // Attention block.
-        if d.sp {
-            cur = self
-                .collective(GroupKind::Tp, Collective::AllGather, act, tag, &[cur])
-                .unwrap_or(cur);
-        }
+        let (dg_deps, after) = self.gathered_grad(tag, r1);
         self.compute(
             "out_proj_dgrad",
             OpClass::Gemm,
             Self::gemm(d.t, d.q_local, d.h),
             tag,
-            &[cur],
+            &dg_deps,
         );
         let opw = self.compute(
             "out_proj_wgrad",
             OpClass::Gemm,
             Self::gemm(d.q_local, d.h, d.t),
             tag,
-            &[],
+            &after,
         );
-        let _ = opw;
         if self.job.parallel.recompute == Recompute::Selective {
-            let rtag = Self::tag(Phase::Recompute, mb, layer);
-            self.compute(
-                "attention_recompute",
-                OpClass::Attention,
-                self.attention_work(false),
-                rtag,
-                &[],
-            );
+            self.attention_forward(tag, &[opw], true);
         }
-        let ab = self.compute(
-            "attention_bwd",
-            OpClass::Attention,
-            self.attention_work(true),
-            tag,
-            &[],
-        );
+        let ab = self.attention_backward(tag, &[]);
         let mut after_attn = ab;
         let cp = self.job.parallel.cp as u64;
         if cp > 1 {
@@ -1282,7 +1513,7 @@ impl<'a> StageBuilder<'a> {
                 )
                 .unwrap_or(ab);
         }
-        let (g, qkv_wg) = self.linear_backward_in(
+        let (g, _qkv_wg) = self.linear_backward_in(
             ("qkv_dgrad", "qkv_wgrad"),
             Self::gemm(d.t, d.h, d.q_local + 2 * d.kv_local),
             Self::gemm(d.q_local + 2 * d.kv_local, d.h, d.t),
@@ -1290,7 +1521,8 @@ impl<'a> StageBuilder<'a> {
             after_attn,
             act,
         );
-        let _ = last_wgrad;
+        // The norm backward runs after the last weight-gradient GEMM on the compute stream, so
+        // once it is done every gradient of the layer is final.
         let nb1 = self.compute(
             "norm1_bwd",
             OpClass::Norm,
@@ -1298,78 +1530,147 @@ impl<'a> StageBuilder<'a> {
             tag,
             &[g],
         );
-        // The layer's gradients are complete once both its last weight-gradient GEMM and the
-        // norm backward ran; the norm runs after it on the compute stream.
-        let _ = qkv_wg;
         (nb1, nb1)
     }
 
-    /// Gradient buckets in the order backward completes them, then optimizer and parameter gather.
-    fn optimizer(&mut self) {
+    /// Gradient buckets: the layers (and embedding / LM head) of this stage grouped in the
+    /// order backward finishes their gradients (last layer first), each bucket at least
+    /// `dp_bucket_mparams` parameters, as Megatron-Core forms them.
+    fn plan_buckets(&self) -> Vec<Bucket> {
         let j = self.job;
         let m = &j.model;
         let par = &j.parallel;
         let tp = par.tp as u64;
-        let tag = Self::tag(Phase::Optimizer, NONE, NONE);
         let bucket_params = (par.dp_bucket_mparams * 1e6).max(1.0) as u64;
-        let dense_layer = (m.layer_params()
-            - m.moe
-                .as_ref()
-                .map_or(0, |e| e.experts as u64 * m.expert_params()))
-            / tp;
-        let expert_layer = m
+        let experts = m
             .moe
             .as_ref()
-            .map_or(0, |e| e.experts as u64 / par.ep as u64 * m.expert_params());
+            .map_or(0, |e| e.experts as u64 * m.expert_params());
+        let dense_layer = (m.layer_params() - experts) / tp;
+        let expert_layer = experts / par.ep as u64;
         let emb = m.vocab as u64 * m.hidden as u64 / tp;
-        // (ready op, dense params, expert params), in the order gradients become final.
-        let mut items: Vec<(u32, u64, u64)> = Vec::new();
-        if let Some(op) = self.lm_head_grad_ready {
+        let mut items: Vec<(Item, u64, u64)> = Vec::new();
+        if self.is_last_chunk_on_stage() {
             let lm = if m.tied_embeddings && par.pp == 1 {
                 0
             } else {
                 emb
             };
-            items.push((op, lm, 0));
+            items.push((Item::LmHead, lm, 0));
         }
-        // Backward visits chunks from last to first and layers from last to first.
-        for (&_layer, &op) in self.grad_ready.iter().rev() {
-            items.push((op, dense_layer, expert_layer));
+        let mut layers: Vec<u32> = self.chunk_layers.iter().flat_map(|r| r.clone()).collect();
+        layers.sort_unstable_by(|a, b| b.cmp(a));
+        for l in layers {
+            items.push((Item::Layer(l), dense_layer, expert_layer));
         }
-        if let Some(op) = self.embedding_grad_ready {
-            items.push((op, emb, 0));
+        if self.stage == 0 {
+            items.push((Item::Embedding, emb, 0));
         }
-        items.sort_by_key(|&(op, _, _)| op);
+        let mut out = Vec::new();
+        let mut cur = Bucket::default();
+        let n = items.len();
+        for (i, (item, dense, expert)) in items.into_iter().enumerate() {
+            cur.items.push(item);
+            cur.dense += dense;
+            cur.expert += expert;
+            if cur.dense + cur.expert >= bucket_params || i == n - 1 {
+                out.push(std::mem::take(&mut cur));
+            }
+        }
+        out
+    }
+
+    fn is_last_chunk_on_stage(&self) -> bool {
+        self.stage == self.job.parallel.pp - 1
+    }
+
+    /// With the distributed optimizer and `overlap_param_gather`, the iteration starts by
+    /// gathering every parameter bucket (in forward order); each layer's first forward waits
+    /// for its own bucket only.
+    fn param_gather_at_start(&mut self) {
+        let par = &self.job.parallel;
+        if !(par.distributed_optimizer && par.overlap_param_gather) {
+            return;
+        }
+        let tag = Self::tag(Phase::Optimizer, NONE, NONE);
+        for b in self.buckets.clone().iter().rev() {
+            let dense = self.collective(
+                GroupKind::Dp,
+                Collective::AllGather,
+                b.dense * PARAM_BYTES,
+                tag,
+                &[],
+            );
+            let expert = self.collective(
+                GroupKind::Edp,
+                Collective::AllGather,
+                b.expert * PARAM_BYTES,
+                tag,
+                &[],
+            );
+            // The later of the two (both on the DP stream) marks the bucket ready.
+            if let Some(op) = expert.or(dense) {
+                for item in &b.items {
+                    match item {
+                        Item::Layer(l) => {
+                            self.param_ready.insert(*l, op);
+                        }
+                        Item::Embedding => self.embedding_param_ready = Some(op),
+                        Item::LmHead => self.lm_head_param_ready = Some(op),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gradient reduction per bucket (overlapped with backward, or after it), optimizer step,
+    /// and the parameter all-gather when it is not overlapped with the next forward.
+    fn optimizer(&mut self) {
+        let par = &self.job.parallel;
+        let tag = Self::tag(Phase::Optimizer, NONE, NONE);
         let reduce = if par.distributed_optimizer {
             Collective::ReduceScatter
         } else {
             Collective::AllReduce
         };
+        let last_backward = *self.prog.stream_ops[Stream::Compute as usize]
+            .last()
+            .expect("backward ops");
         let mut dp_ops: Vec<u32> = Vec::new();
-        let mut buckets: Vec<(u64, u64)> = Vec::new();
-        let (mut acc_d, mut acc_e) = (0u64, 0u64);
-        let n = items.len();
-        for (i, &(op, dense, expert)) in items.iter().enumerate() {
-            acc_d += dense;
-            acc_e += expert;
-            if acc_d + acc_e >= bucket_params || i == n - 1 {
-                if let Some(c) =
-                    self.collective(GroupKind::Dp, reduce, acc_d * GRAD_BYTES, tag, &[op])
-                {
-                    dp_ops.push(c);
-                }
-                if let Some(c) =
-                    self.collective(GroupKind::Edp, reduce, acc_e * GRAD_BYTES, tag, &[op])
-                {
-                    dp_ops.push(c);
-                }
-                buckets.push((acc_d, acc_e));
-                acc_d = 0;
-                acc_e = 0;
-            }
+        for b in self.buckets.clone() {
+            // The bucket is ready when its last item's gradient is final.
+            let ready = b
+                .items
+                .iter()
+                .map(|it| match it {
+                    Item::Layer(l) => self.grad_ready[l],
+                    Item::Embedding => self.embedding_grad_ready.expect("embedding backward"),
+                    Item::LmHead => self.lm_head_grad_ready.expect("LM head backward"),
+                })
+                .max()
+                .expect("non-empty bucket");
+            let dep = if par.overlap_grad_reduce {
+                ready
+            } else {
+                last_backward
+            };
+            dp_ops.extend(self.collective(
+                GroupKind::Dp,
+                reduce,
+                b.dense * GRAD_BYTES,
+                tag,
+                &[dep],
+            ));
+            dp_ops.extend(self.collective(
+                GroupKind::Edp,
+                reduce,
+                b.expert * GRAD_BYTES,
+                tag,
+                &[dep],
+            ));
         }
-        let local_dense: u64 = buckets.iter().map(|b| b.0).sum();
-        let local_expert: u64 = buckets.iter().map(|b| b.1).sum();
+        let local_dense: u64 = self.buckets.iter().map(|b| b.dense).sum();
+        let local_expert: u64 = self.buckets.iter().map(|b| b.expert).sum();
         let (shard_d, shard_e) = if par.distributed_optimizer {
             let dpcp = (par.dp * par.cp) as u64;
             let edp = (par.dp / par.ep * par.cp) as u64;
@@ -1384,25 +1685,55 @@ impl<'a> StageBuilder<'a> {
             tag,
             &dp_ops,
         );
-        if par.distributed_optimizer {
-            for &(bd, be) in &buckets {
+        if par.distributed_optimizer && !par.overlap_param_gather {
+            for b in self.buckets.clone() {
                 self.collective(
                     GroupKind::Dp,
                     Collective::AllGather,
-                    bd * PARAM_BYTES,
+                    b.dense * PARAM_BYTES,
                     tag,
                     &[opt],
                 );
                 self.collective(
                     GroupKind::Edp,
                     Collective::AllGather,
-                    be * PARAM_BYTES,
+                    b.expert * PARAM_BYTES,
                     tag,
                     &[opt],
                 );
             }
         }
     }
+}
+
+/// Sizes of Megatron's unfused attention on one rank.
+struct Unfused {
+    /// Query positions.
+    sq: u64,
+    /// Key positions.
+    skv: u64,
+    /// Head width.
+    dh: u64,
+    /// Batched (sequence, head) pairs.
+    bh: u64,
+    /// Elements of the score matrix.
+    scores: u64,
+}
+
+/// What a gradient bucket holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Item {
+    Layer(u32),
+    Embedding,
+    LmHead,
+}
+
+/// A gradient (and parameter) bucket of one stage.
+#[derive(Clone, Debug, Default)]
+struct Bucket {
+    items: Vec<Item>,
+    dense: u64,
+    expert: u64,
 }
 
 #[cfg(test)]

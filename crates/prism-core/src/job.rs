@@ -251,6 +251,16 @@ pub struct Parallel {
     /// Gradient bucket size for the data-parallel reduction, in millions of parameters
     /// (Megatron-Core's default bucket is 40 M parameters).
     pub dp_bucket_mparams: f64,
+    /// Reduce each gradient bucket as soon as backward has finished it, overlapping the rest of
+    /// backward (Megatron `--overlap-grad-reduce`). `false`: one reduction after backward.
+    pub overlap_grad_reduce: bool,
+    /// Distributed optimizer only: gather each parameter bucket at the start of the iteration
+    /// and let forward wait only for its own bucket (Megatron `--overlap-param-gather`).
+    /// `false`: gather everything after the optimizer step.
+    pub overlap_param_gather: bool,
+    /// Overlap tensor-parallel all-gathers/reduce-scatters with the GEMMs that consume or
+    /// produce them (Megatron `--tp-comm-overlap`, Transformer Engine userbuffers).
+    pub tp_comm_overlap: bool,
 }
 
 /// Training settings.
@@ -842,6 +852,9 @@ pub mod fixtures {
                 first_stage_layers: None,
                 last_stage_layers: None,
                 dp_bucket_mparams: 40.0,
+                overlap_grad_reduce: true,
+                overlap_param_gather: true,
+                tp_comm_overlap: false,
             },
             training: Training {
                 global_batch,

@@ -263,6 +263,9 @@ const PARALLEL_FIELDS: &[Field] = &[
         &["decoder_last_pipeline_num_layers"],
     ),
     fld("dp_bucket_mparams", Ty::F64),
+    fld("overlap_grad_reduce", Ty::Bool),
+    fld("overlap_param_gather", Ty::Bool),
+    fld("tp_comm_overlap", Ty::Bool),
 ];
 
 const TRAINING_FIELDS: &[Field] = &[
@@ -1529,6 +1532,9 @@ fn build_parallel(
         }
     };
     let dp_bucket_mparams = g.f64("dp_bucket_mparams")?.unwrap_or(40.0);
+    let overlap_grad_reduce = g.bool("overlap_grad_reduce")?.unwrap_or(true);
+    let overlap_param_gather = g.bool("overlap_param_gather")?.unwrap_or(true);
+    let tp_comm_overlap = g.bool("tp_comm_overlap")?.unwrap_or(false);
     Ok(Parallel {
         tp,
         pp,
@@ -1544,5 +1550,8 @@ fn build_parallel(
         first_stage_layers: first,
         last_stage_layers: last,
         dp_bucket_mparams,
+        overlap_grad_reduce,
+        overlap_param_gather,
+        tp_comm_overlap,
     })
 }

@@ -8,6 +8,9 @@
 pub mod hf;
 pub mod jobfile;
 pub mod kernel_table;
+pub mod kineto;
+pub mod plot;
 pub mod presets;
 pub mod report_json;
 pub mod trace;
+pub mod validation;
