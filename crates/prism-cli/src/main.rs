@@ -33,6 +33,8 @@ enum Command {
     /// Work with measured profiles.
     #[command(subcommand)]
     Profile(profile::ProfileCommand),
+    /// Fit the physical parameters of a GPU generation to published runs (and Kineto kernels).
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -78,6 +80,7 @@ struct SimulateArgs {
 }
 
 mod bench;
+mod calibrate;
 mod profile;
 mod validate;
 
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Profile(cmd) => profile::run(&cmd),
+        Command::Calibrate(args) => calibrate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

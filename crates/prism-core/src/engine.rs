@@ -49,8 +49,8 @@ pub struct SimOptions {
     pub mode: Mode,
     /// Compute efficiency parameters; `None` picks the GPU generation's defaults.
     pub compute: Option<ComputeParams>,
-    /// Communication parameters.
-    pub comm: CommParams,
+    /// Communication parameters; `None` picks the GPU generation's calibrated values.
+    pub comm: Option<CommParams>,
     /// Measured kernel times that override the roofline.
     pub kernel_table: Option<KernelTable>,
     /// Ranks whose every op is recorded (for traces).
@@ -250,7 +250,11 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
             .unwrap_or_else(|| ComputeParams::for_gpu(&job.cluster.gpu)),
         opts.kernel_table.clone(),
     );
-    let nic_bps = comm::nic_bytes_per_s(&job.cluster, &opts.comm);
+    let comm_params = opts
+        .comm
+        .clone()
+        .unwrap_or_else(|| CommParams::for_gpu(&job.cluster.gpu));
+    let nic_bps = comm::nic_bytes_per_s(&job.cluster, &comm_params);
     let fabric = Fabric::new(&job.cluster, nic_bps);
     // Representatives: in full mode every rank; otherwise one per stage.
     let reps: Vec<u32> = match &opts.mode {
@@ -274,6 +278,7 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     };
     let full = opts.mode == Mode::Full;
     let mut sim = Sim::new(job, &graph, &compute, opts, fabric, reps, full);
+    sim.comm = comm_params;
     sim.run()?;
     let (summary, ranks) = sim.finish(job);
     let mut ranks = ranks;
@@ -495,6 +500,7 @@ struct Sim<'a> {
     graph: &'a ExecutionGraph,
     layout: Layout,
     opts: &'a SimOptions,
+    comm: CommParams,
     full: bool,
     /// Compute durations per program per op (0 for non-compute ops).
     durations: Vec<Vec<SimTime>>,
@@ -629,6 +635,7 @@ impl<'a> Sim<'a> {
             graph,
             layout,
             opts,
+            comm: CommParams::default(),
             full,
             durations,
             insts,
@@ -1036,7 +1043,7 @@ impl<'a> Sim<'a> {
             inst
         };
         let shape = self.shape(kind, group);
-        let plan = comm::plan_collective(coll, bytes, shape, &self.job.cluster, &self.opts.comm);
+        let plan = comm::plan_collective(coll, bytes, shape, &self.job.cluster, &self.comm);
         if self.opts.ideal_network {
             self.push(self.now, Event::CollDone { kind: k as u8, id });
             return;
@@ -1092,7 +1099,7 @@ impl<'a> Sim<'a> {
         let rank = self.insts[inst as usize].rank;
         let peer = wrap_peer(&self.layout, rank, delta);
         let same = self.fabric.same_node(rank, peer);
-        let plan = comm::plan_p2p(bytes, same, &self.job.cluster, &self.opts.comm);
+        let plan = comm::plan_p2p(bytes, same, &self.job.cluster, &self.comm);
         if self.opts.ideal_network {
             self.push(self.now, Event::SendDone { inst });
             return;

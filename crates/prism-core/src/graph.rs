@@ -731,13 +731,20 @@ impl<'a> StageBuilder<'a> {
         if phase == Phase::Forward {
             deps.extend(self.param_ready.get(&layer).copied());
         }
-        // Attention block.
+        // Host-side framework time of the layer, then the attention block.
+        let fw = self.compute(
+            "framework_fwd",
+            OpClass::Framework,
+            Self::mem(0),
+            tag,
+            &deps,
+        );
         let n1 = self.compute(
             "norm1_fwd",
             OpClass::Norm,
             Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
             tag,
-            &deps,
+            &[fw],
         );
         let qkv = self.gathered_gemm(
             "qkv_fwd",
@@ -939,7 +946,7 @@ impl<'a> StageBuilder<'a> {
         let _ = scores;
         self.compute(
             "softmax_fwd",
-            OpClass::Elementwise,
+            OpClass::Softmax,
             Self::mem(2 * u.scores * ACT_BYTES),
             tag,
             &[],
@@ -1020,7 +1027,7 @@ impl<'a> StageBuilder<'a> {
         }
         self.compute(
             "softmax_bwd",
-            OpClass::Elementwise,
+            OpClass::Softmax,
             Self::mem(3 * u.scores * ACT_BYTES),
             tag,
             &[],
@@ -1318,12 +1325,19 @@ impl<'a> StageBuilder<'a> {
         let m = &self.job.model;
         let tag = Self::tag(Phase::Backward, mb, layer);
         let act = d.t * d.h * ACT_BYTES;
+        let fw = self.compute(
+            "framework_bwd",
+            OpClass::Framework,
+            Self::mem(0),
+            tag,
+            &Self::deps(grad),
+        );
         let r2 = self.compute(
             "residual2_bwd",
             OpClass::Elementwise,
             Self::mem(3 * d.t_sp * d.h * ACT_BYTES + self.mask_bytes(d.t_sp * d.h)),
             tag,
-            &Self::deps(grad),
+            &[fw],
         );
         let mut cur = r2;
         if self.job.training.precision == Precision::Fp8 {

@@ -29,6 +29,11 @@ pub struct Fabric {
     gpus_per_node: u32,
     rail_group_nodes: u32,
     nodes: u32,
+    /// Leaf up/down links can limit traffic (oversubscription > 1). At 1:1 or better they
+    /// never can: every flow through a leaf's uplink also leaves through one of that leaf's
+    /// NICs, whose capacities add up to the uplink's, so max-min rates are the same without
+    /// them and routes leave them out.
+    leaf_links_bind: bool,
     /// Capacity of every link, bytes per second.
     pub capacity: Vec<u64>,
 }
@@ -52,6 +57,7 @@ impl Fabric {
             }
         }
         Fabric {
+            leaf_links_bind: cluster.topology.oversubscription > 1.0,
             gpus_per_node: gpn,
             rail_group_nodes: rg,
             nodes: cluster.nodes,
@@ -94,7 +100,7 @@ impl Fabric {
         debug_assert!(!self.same_node(src, dst));
         out.push((self.nic_tx(src), 1));
         let (ls, ld) = (self.leaf(src), self.leaf(dst));
-        if ls != ld {
+        if ls != ld && self.leaf_links_bind {
             out.push((self.leaf_up(ls), 1));
             out.push((self.leaf_up(ld) + 1, 1));
         }
@@ -141,7 +147,7 @@ impl Fabric {
                 None => leaves.push((l, 1)),
             }
         }
-        if leaves.len() > 1 {
+        if leaves.len() > 1 && self.leaf_links_bind {
             for &(l, c) in &leaves {
                 // c members each send (n - c)/n of their bytes outside the leaf; counted in whole flows.
                 let crossing = (c as u64 * (n - c) as u64).div_ceil(n as u64) as u32;

@@ -12,6 +12,8 @@ pub enum OpClass {
     Norm,
     /// Other memory-bound elementwise work (activation, residual add, dropout, rotary).
     Elementwise,
+    /// Unfused (scale-mask-)softmax over attention scores (Megatron-LM without flash attention).
+    Softmax,
     /// Embedding lookup / embedding gradient.
     Embedding,
     /// Cross-entropy loss (with its softmax over the vocabulary).
@@ -20,6 +22,9 @@ pub enum OpClass {
     Router,
     /// Optimizer step (Adam), memory-bound.
     Optimizer,
+    /// Host-side framework time per layer pass (Python, autograd, kernel dispatch) that the
+    /// GPU waits for; priced by `ComputeParams::layer_overhead_s`.
+    Framework,
 }
 
 impl OpClass {
@@ -30,10 +35,12 @@ impl OpClass {
             OpClass::Attention => "attention",
             OpClass::Norm => "norm",
             OpClass::Elementwise => "elementwise",
+            OpClass::Softmax => "softmax",
             OpClass::Embedding => "embedding",
             OpClass::Loss => "loss",
             OpClass::Router => "router",
             OpClass::Optimizer => "optimizer",
+            OpClass::Framework => "framework",
         }
     }
 }

@@ -419,7 +419,7 @@ fn alpha_beta(
 /// inside a node and across nodes with 1, 2, 4 and 8 ranks per node.
 #[test]
 fn collective_plans_match_alpha_beta() {
-    let p = CommParams::default();
+    let p = CommParams::for_gpu(&h100_cluster(1).gpu);
     let mut worst = 0.0f64;
     for nodes in [1u32, 2, 4, 16, 128] {
         let c = h100_cluster(nodes.max(1));
@@ -517,7 +517,7 @@ fn recorded_collectives(
 /// 8 ranks per node, 8 channels). Also every intra-node TP collective equals its plan exactly.
 #[test]
 fn engine_collective_durations_equal_idle_plan() {
-    let p = CommParams::default();
+    let p = CommParams::for_gpu(&h100_cluster(1).gpu);
     let mut cases = Vec::new();
     let mut a = small_job(2, 8, 1, 4);
     a.model.layers = 1;
@@ -588,8 +588,16 @@ fn engine_collective_durations_equal_idle_plan() {
     }
     // The network model uses the same integer NIC rate as the plan.
     let c = h100_cluster(2);
-    assert_eq!(nic_bytes_per_s(&c, &p), (400e9 / 8.0 * 0.9) as u64);
-    assert!(rel(nvlink_bytes_per_s(&c, &p), 3600e9 / 8.0 * 0.78) < 1e-15);
+    assert_eq!(
+        nic_bytes_per_s(&c, &p),
+        (400e9 / 8.0 * p.nic_efficiency).round() as u64
+    );
+    assert!(
+        rel(
+            nvlink_bytes_per_s(&c, &p),
+            3600e9 / 8.0 * p.nvlink_efficiency
+        ) < 1e-15
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

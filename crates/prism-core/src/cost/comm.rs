@@ -83,6 +83,42 @@ impl Default for CommParams {
     }
 }
 
+impl CommParams {
+    /// Calibrated values for a GPU generation (see docs/calibration.md); the defaults for
+    /// generations without calibration data.
+    pub fn for_gpu(gpu: &crate::job::Gpu) -> Self {
+        let name = gpu.name.to_ascii_uppercase();
+        if name.contains("A100") || name.contains("A800") {
+            CommParams::a100()
+        } else if name.contains("H100") || name.contains("H800") || name.contains("H200") {
+            CommParams::h100()
+        } else {
+            CommParams::default()
+        }
+    }
+
+    /// A100 (DGX A100: NVLink 3 + NVSwitch, HDR InfiniBand).
+    pub fn a100() -> Self {
+        // NVLink from the fastest 64 MiB all-reduce of the Megatron A100 Kineto trace (582 us
+        // over 8 GPUs); the NIC from the published A100 runs (docs/calibration.md).
+        CommParams {
+            nvlink_efficiency: 0.702,
+            nic_efficiency: 0.947,
+            launch_us: 10.0,
+        }
+    }
+
+    /// H100/H200 (DGX H100: NVLink 4 + NVSwitch, NDR InfiniBand / 400G RoCE).
+    pub fn h100() -> Self {
+        // Fitted on the published H100 runs (docs/calibration.md).
+        CommParams {
+            nvlink_efficiency: 0.865,
+            nic_efficiency: 0.943,
+            launch_us: 10.0,
+        }
+    }
+}
+
 /// How a group's members sit on nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GroupShape {

@@ -1,0 +1,526 @@
+//! `prism calibrate`: fit the physical parameters of one GPU generation.
+//!
+//! 1. GEMM shape efficiency (`gemm_eff_max_bf16`, `gemm_k_overhead`) from measured kernel times
+//!    of a Kineto trace, when one is given (least squares on log time over a grid).
+//! 2. The remaining parameters from the published runs of that generation: Nelder-Mead on the
+//!    mean absolute percentage error, inside physical bounds, every case sharing one value per
+//!    parameter (no per-case factors).
+//! 3. k-fold cross-validation: fit on k-1 folds, predict the held-out fold, report the error of
+//!    the held-out predictions next to the in-sample error.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use prism_core::cost::comm::CommParams;
+use prism_core::cost::compute::{ComputeParams, KernelTable};
+use prism_core::engine::SimOptions;
+use prism_core::ops::Work;
+use prism_io::validation::{self, Case};
+
+#[derive(Debug, clap::Args)]
+pub struct CalibrateArgs {
+    /// GPU generation to fit: `a100` or `h100`.
+    #[arg(long)]
+    gpu: String,
+    /// Case file (default: the embedded validation/cases.csv).
+    path: Option<PathBuf>,
+    /// Kineto trace whose kernel times fit GEMM shape efficiency, norm and softmax bandwidth and
+    /// NVLink all-reduce efficiency (needs --kineto-job).
+    #[arg(long, value_name = "TRACE.json", requires = "kineto_job")]
+    kineto: Option<PathBuf>,
+    /// The job the Kineto trace ran (e.g. validation/kineto/megatron-gpt-tp8-a100.toml).
+    #[arg(long, value_name = "JOB.toml")]
+    kineto_job: Option<PathBuf>,
+    /// Objective evaluations for the full fit (each simulates every case of the generation).
+    #[arg(long, default_value_t = 150)]
+    evals: usize,
+    /// Folds for cross-validation (0 = skip).
+    #[arg(long, default_value_t = 5)]
+    folds: usize,
+}
+
+/// The parameters of one generation.
+#[derive(Clone, Debug)]
+struct Params {
+    compute: ComputeParams,
+    comm: CommParams,
+}
+
+/// A fitted parameter: name, bounds, log-scaled search, accessors.
+struct Spec {
+    name: &'static str,
+    lo: f64,
+    hi: f64,
+    log: bool,
+    get: fn(&Params) -> f64,
+    set: fn(&mut Params, f64),
+}
+
+fn specs(generation: &str) -> Vec<Spec> {
+    let mut v = vec![
+        Spec {
+            name: "clock_factor",
+            lo: 0.75,
+            hi: 1.0,
+            log: false,
+            get: |p| p.compute.clock_factor,
+            set: |p, x| p.compute.clock_factor = x,
+        },
+        Spec {
+            name: "mem_eff",
+            lo: 0.45,
+            hi: 0.95,
+            log: false,
+            get: |p| p.compute.mem_eff,
+            set: |p, x| p.compute.mem_eff = x,
+        },
+        Spec {
+            name: "launch_overhead_us",
+            lo: 1.0,
+            hi: 15.0,
+            log: true,
+            get: |p| p.compute.launch_overhead_s * 1e6,
+            set: |p, x| p.compute.launch_overhead_s = x * 1e-6,
+        },
+        Spec {
+            name: "nvlink_efficiency",
+            lo: 0.4,
+            hi: 0.95,
+            log: false,
+            get: |p| p.comm.nvlink_efficiency,
+            set: |p, x| p.comm.nvlink_efficiency = x,
+        },
+        Spec {
+            name: "layer_overhead_us",
+            lo: 0.0,
+            hi: 300.0,
+            log: false,
+            get: |p| p.compute.layer_overhead_s * 1e6,
+            set: |p, x| p.compute.layer_overhead_s = x * 1e-6,
+        },
+        Spec {
+            name: "nic_efficiency",
+            lo: 0.4,
+            hi: 0.95,
+            log: false,
+            get: |p| p.comm.nic_efficiency,
+            set: |p, x| p.comm.nic_efficiency = x,
+        },
+    ];
+    if generation == "h100" {
+        v.push(Spec {
+            name: "gemm_eff_max_bf16",
+            lo: 0.5,
+            hi: 0.92,
+            log: false,
+            get: |p| p.compute.gemm_eff_max_bf16,
+            set: |p, x| p.compute.gemm_eff_max_bf16 = x,
+        });
+        v.push(Spec {
+            name: "gemm_eff_max_fp8",
+            lo: 0.3,
+            hi: 0.85,
+            log: false,
+            get: |p| p.compute.gemm_eff_max_fp8,
+            set: |p, x| p.compute.gemm_eff_max_fp8 = x,
+        });
+        v.push(Spec {
+            name: "attn_fwd_eff_max",
+            lo: 0.25,
+            hi: 0.8,
+            log: false,
+            get: |p| p.compute.attn_fwd_eff_max,
+            set: |p, x| p.compute.attn_fwd_eff_max = x,
+        });
+        v.push(Spec {
+            name: "attn_bwd_eff_max",
+            lo: 0.2,
+            hi: 0.75,
+            log: false,
+            get: |p| p.compute.attn_bwd_eff_max,
+            set: |p, x| p.compute.attn_bwd_eff_max = x,
+        });
+    }
+    v
+}
+
+fn to_unit(s: &Spec, x: f64) -> f64 {
+    let x = x.clamp(s.lo, s.hi);
+    if s.log {
+        (x.ln() - s.lo.ln()) / (s.hi.ln() - s.lo.ln())
+    } else {
+        (x - s.lo) / (s.hi - s.lo)
+    }
+}
+
+fn from_unit(s: &Spec, u: f64) -> f64 {
+    let u = u.clamp(0.0, 1.0);
+    if s.log {
+        (s.lo.ln() + u * (s.hi.ln() - s.lo.ln())).exp()
+    } else {
+        s.lo + u * (s.hi - s.lo)
+    }
+}
+
+fn apply(base: &Params, specs: &[Spec], u: &[f64]) -> Params {
+    let mut p = base.clone();
+    for (s, &x) in specs.iter().zip(u) {
+        (s.set)(&mut p, from_unit(s, x));
+    }
+    p
+}
+
+/// Signed percentage errors of `cases` under `p`.
+fn errors(cases: &[&Case], p: &Params) -> Result<Vec<f64>> {
+    use rayon::prelude::*;
+    let opts = SimOptions {
+        compute: Some(p.compute.clone()),
+        comm: Some(p.comm.clone()),
+        ..SimOptions::default()
+    };
+    cases
+        .par_iter()
+        .map(|c| {
+            validation::run_case(c, &opts)
+                .map(|r| r.error_pct)
+                .map_err(anyhow::Error::msg)
+        })
+        .collect()
+}
+
+fn mape(e: &[f64]) -> f64 {
+    e.iter().map(|x| x.abs()).sum::<f64>() / e.len().max(1) as f64
+}
+
+/// The fit's objective: mean absolute error, plus a steep penalty for any case beyond 18%
+/// (the validation budget allows no case beyond 20%), so the fit does not buy a lower mean
+/// with one far-off case.
+fn objective(e: &[f64]) -> f64 {
+    mape(e) + 10.0 * e.iter().map(|x| (x.abs() - 18.0).max(0.0)).sum::<f64>()
+}
+
+/// Nelder-Mead on the unit cube (points clamped into it), deterministic start.
+fn nelder_mead(f: &mut dyn FnMut(&[f64]) -> f64, x0: &[f64], evals: usize) -> (Vec<f64>, f64) {
+    let n = x0.len();
+    let clamp = |v: Vec<f64>| {
+        v.into_iter()
+            .map(|x| x.clamp(0.0, 1.0))
+            .collect::<Vec<f64>>()
+    };
+    let mut simplex: Vec<(Vec<f64>, f64)> = Vec::with_capacity(n + 1);
+    let mut used = 0;
+    let mut eval = |x: Vec<f64>, used: &mut usize| {
+        *used += 1;
+        let y = f(&x);
+        (x, y)
+    };
+    simplex.push(eval(x0.to_vec(), &mut used));
+    for i in 0..n {
+        let mut x = x0.to_vec();
+        x[i] = if x[i] + 0.2 <= 1.0 {
+            x[i] + 0.2
+        } else {
+            x[i] - 0.2
+        };
+        simplex.push(eval(x, &mut used));
+    }
+    while used < evals {
+        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let centroid: Vec<f64> = (0..n)
+            .map(|j| simplex[..n].iter().map(|(x, _)| x[j]).sum::<f64>() / n as f64)
+            .collect();
+        let worst = simplex[n].clone();
+        let along = |t: f64| {
+            clamp(
+                (0..n)
+                    .map(|j| centroid[j] + t * (worst.0[j] - centroid[j]))
+                    .collect(),
+            )
+        };
+        let r = eval(along(-1.0), &mut used);
+        if r.1 < simplex[0].1 {
+            let e = eval(along(-2.0), &mut used);
+            simplex[n] = if e.1 < r.1 { e } else { r };
+        } else if r.1 < simplex[n - 1].1 {
+            simplex[n] = r;
+        } else {
+            let c = if r.1 < worst.1 {
+                eval(along(-0.5), &mut used)
+            } else {
+                eval(along(0.5), &mut used)
+            };
+            if c.1 < worst.1.min(r.1) {
+                simplex[n] = c;
+            } else {
+                let best = simplex[0].0.clone();
+                for item in simplex.iter_mut().skip(1) {
+                    let x: Vec<f64> = (0..n)
+                        .map(|j| best[j] + 0.5 * (item.0[j] - best[j]))
+                        .collect();
+                    *item = eval(x, &mut used);
+                }
+            }
+        }
+    }
+    simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+    simplex.swap_remove(0)
+}
+
+/// Fits the GEMM efficiency ceiling and K overhead to measured GEMM times.
+fn fit_gemm(
+    base: &ComputeParams,
+    table: &KernelTable,
+    job: &prism_core::job::Job,
+) -> Option<(f64, f64, f64)> {
+    let rows: Vec<(Work, f64)> = table
+        .iter()
+        .filter(|(op, _, dtype, _)| *op == "gemm" && *dtype == "bf16")
+        .filter_map(|(_, shape, _, t)| {
+            let d: Vec<u64> = shape
+                .split('x')
+                .map(|x| x.parse().ok())
+                .collect::<Option<Vec<u64>>>()?;
+            let w = match d[..] {
+                [m, n, k] => Work::Gemm { m, n, k, batch: 1 },
+                [b, m, n, k] => Work::Gemm { m, n, k, batch: b },
+                _ => return None,
+            };
+            Some((w, t))
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let mut best: Option<(f64, f64, f64)> = None;
+    for k0 in (0..=32).map(|i| 16.0 * i as f64) {
+        for e in (0..=70).map(|i| 0.6 + 0.005 * i as f64) {
+            let p = ComputeParams {
+                gemm_k_overhead: k0,
+                gemm_eff_max_bf16: e,
+                launch_overhead_s: 0.0,
+                ..base.clone()
+            };
+            let model = prism_core::cost::compute::ComputeModel::new(job, p, None);
+            let err: f64 = rows
+                .iter()
+                .map(|(w, t)| {
+                    let op = prism_core::ops::ComputeOp {
+                        name: "gemm",
+                        class: prism_core::ops::OpClass::Gemm,
+                        work: *w,
+                        recompute: false,
+                    };
+                    (model.time_s(&op) / t).ln().abs()
+                })
+                .sum::<f64>()
+                / rows.len() as f64;
+            if best.is_none_or(|b| err < b.2) {
+                best = Some((k0, e, err));
+            }
+        }
+    }
+    best
+}
+
+/// Measured kernels -> GEMM shape efficiency, norm and softmax bandwidth, NVLink efficiency.
+fn fit_from_trace(
+    base: &mut Params,
+    trace: &prism_io::kineto::KinetoTrace,
+    job: &prism_core::job::Job,
+    path: &std::path::Path,
+) -> Result<()> {
+    use prism_core::graph::OpKind;
+    let table = prism_io::kineto::to_kernel_table(trace, "bf16");
+    let (k0, e, err) =
+        fit_gemm(&base.compute, &table, job).context("no GEMM shapes in the trace")?;
+    println!(
+        "{}: GEMM shapes ({} in the table): gemm_k_overhead = {k0}, gemm_eff_max_bf16 = {e:.3} (mean |log time error| {err:.3})",
+        path.display(),
+        table.len()
+    );
+    base.compute.gemm_k_overhead = k0;
+    base.compute.gemm_eff_max_bf16 = e;
+    // Norm and softmax: measured forward class totals vs the same job's forward kernels.
+    let totals = prism_io::kineto::class_totals(trace);
+    for _ in 0..3 {
+        let opts = SimOptions {
+            mode: prism_core::engine::Mode::Reduced,
+            compute: Some(base.compute.clone()),
+            comm: Some(base.comm.clone()),
+            record_ranks: vec![0],
+            ..SimOptions::default()
+        };
+        let r = prism_core::simulate(job, &opts)?;
+        let prog = r.graph.program_of(0);
+        let mut norm = 0.0;
+        let mut softmax = 0.0;
+        for rec in &r.timelines[0].ops {
+            if prog.tag[rec.op as usize].phase != prism_core::graph::Phase::Forward {
+                continue;
+            }
+            if let OpKind::Compute(c) = prog.kind[rec.op as usize] {
+                let t = (rec.end - rec.start) as f64 * 1e-12 - base.compute.launch_overhead_s;
+                match c.class {
+                    prism_core::ops::OpClass::Norm => norm += t,
+                    prism_core::ops::OpClass::Softmax => softmax += t,
+                    _ => {}
+                }
+            }
+        }
+        if let Some(&(_, m)) = totals.get("norm") {
+            base.compute.norm_mem_eff = (base.compute.norm_mem_eff * norm / m).clamp(0.05, 1.0);
+        }
+        if let Some(&(_, m)) = totals.get("softmax") {
+            base.compute.softmax_mem_eff =
+                (base.compute.softmax_mem_eff * softmax / m).clamp(0.05, 1.0);
+        }
+    }
+    println!(
+        "  norm kernels: norm_mem_eff = {:.3}; softmax kernels: softmax_mem_eff = {:.3} (forward class totals)",
+        base.compute.norm_mem_eff, base.compute.softmax_mem_eff
+    );
+    // NVLink: the fastest all-reduce of the largest size (others include waiting for ranks).
+    let ar: Vec<(u64, f64)> = trace
+        .kernels
+        .iter()
+        .filter(|k| k.class == prism_io::kineto::KernelClass::NcclAllReduce)
+        .filter_map(|k| k.bytes.map(|b| (b, k.duration_s)))
+        .collect();
+    if let Some(&(bytes, _)) = ar.iter().max_by_key(|x| x.0) {
+        let t = ar
+            .iter()
+            .filter(|x| x.0 == bytes)
+            .map(|x| x.1)
+            .fold(f64::INFINITY, f64::min);
+        let n = job.parallel.tp as f64;
+        let c = &job.cluster;
+        let latency = base.comm.launch_us * 1e-6 + 2.0 * (n - 1.0) * c.nvlink_latency_us * 1e-6;
+        let eff = 2.0 * (n - 1.0) / n * bytes as f64 / ((t - latency) * c.nvlink_gbps * 1e9 / 8.0);
+        base.comm.nvlink_efficiency = eff.clamp(0.05, 1.0);
+        println!(
+            "  NVLink all-reduce: {} B over {n} GPUs in {:.1} us at best: nvlink_efficiency = {:.3}",
+            bytes,
+            t * 1e6,
+            base.comm.nvlink_efficiency
+        );
+    }
+    Ok(())
+}
+
+fn generation_of(case: &Case) -> Option<&'static str> {
+    let job = prism_io::jobfile::load_job_str(&case.job_toml, &case.id, None, &[])
+        .ok()?
+        .job;
+    let n = job.cluster.gpu.name.to_ascii_uppercase();
+    if n.contains("A100") {
+        Some("a100")
+    } else if n.contains("H100") {
+        Some("h100")
+    } else {
+        None
+    }
+}
+
+pub fn run(args: &CalibrateArgs) -> Result<()> {
+    let generation = args.gpu.to_ascii_lowercase();
+    if generation != "a100" && generation != "h100" {
+        bail!(
+            "--gpu: `{}` is not a calibrated generation (a100 or h100)",
+            args.gpu
+        );
+    }
+    let all = crate::validate::load_cases(args.path.as_ref())?;
+    let cases: Vec<&Case> = all
+        .iter()
+        .filter(|c| c.status.is_modelled() && generation_of(c) == Some(generation.as_str()))
+        .collect();
+    if cases.is_empty() {
+        bail!("no modelled case runs on {generation}");
+    }
+    let mut base = if generation == "a100" {
+        Params {
+            compute: ComputeParams::a100(),
+            comm: CommParams::a100(),
+        }
+    } else {
+        Params {
+            compute: ComputeParams::h100(),
+            comm: CommParams::h100(),
+        }
+    };
+    // 1. Kernel-level parameters from a measured trace.
+    if let (Some(path), Some(job_path)) = (&args.kineto, &args.kineto_job) {
+        let trace = prism_io::kineto::read_kineto(path)?;
+        let job = prism_io::jobfile::load_job_file(job_path, &[])?.job;
+        fit_from_trace(&mut base, &trace, &job, path)?;
+    }
+    // 2. Fit on every case.
+    let mut specs = specs(&generation);
+    if args.kineto.is_some() {
+        specs.retain(|s| s.name != "nvlink_efficiency");
+    }
+    let start: Vec<f64> = specs.iter().map(|s| to_unit(s, (s.get)(&base))).collect();
+    let before = mape(&errors(&cases, &base)?);
+    let fit = |train: &[&Case], evals: usize| -> (Vec<f64>, f64) {
+        let mut f = |u: &[f64]| {
+            errors(train, &apply(&base, &specs, u))
+                .map(|e| objective(&e))
+                .unwrap_or(1e9)
+        };
+        nelder_mead(&mut f, &start, evals)
+    };
+    let (u, _) = fit(&cases, args.evals);
+    let fitted = apply(&base, &specs, &u);
+    let fitted_errors = errors(&cases, &fitted)?;
+    let in_sample = mape(&fitted_errors);
+    let worst = fitted_errors.iter().map(|x| x.abs()).fold(0.0, f64::max);
+    println!(
+        "{generation}: {} cases; MAPE before {before:.2}%, after fit {in_sample:.2}% (in-sample), max |error| {worst:.2}%",
+        cases.len()
+    );
+    for s in &specs {
+        println!(
+            "  {:<22} = {:.4}   (bounds {} .. {})",
+            s.name,
+            (s.get)(&fitted),
+            s.lo,
+            s.hi
+        );
+    }
+    // 3. Cross-validation.
+    if args.folds >= 2 {
+        let mut held = Vec::new();
+        for k in 0..args.folds {
+            let train: Vec<&Case> = cases
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % args.folds != k)
+                .map(|(_, c)| *c)
+                .collect();
+            let test: Vec<&Case> = cases
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % args.folds == k)
+                .map(|(_, c)| *c)
+                .collect();
+            if test.is_empty() || train.is_empty() {
+                continue;
+            }
+            let (uk, _) = fit(&train, args.evals / 2);
+            let e = errors(&test, &apply(&base, &specs, &uk))?;
+            println!(
+                "  fold {k}: {} held-out cases, MAPE {:.2}%",
+                test.len(),
+                mape(&e)
+            );
+            held.extend(e);
+        }
+        println!(
+            "{generation}: cross-validated MAPE {:.2}% over {} held-out predictions ({}-fold)",
+            mape(&held),
+            held.len(),
+            args.folds
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! Fidelity acceptance: the whole validation set against published runs, and the Kineto import.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn prism(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_prism"))
+        .args(args)
+        .output()
+        .expect("run prism")
+}
+
+/// Every modelled published run: mean absolute error at most 8% and no case beyond 20%.
+/// Also prints the comparison with Calculon on the Korthikanti et al. 2022 Table 5 rows.
+#[test]
+fn validation_meets_the_error_budget() {
+    let o = prism(&["validate", "--json"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "validate --json: {e}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    let mape = v["mape"].as_f64().expect("mape");
+    let cases = v["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 50, "only {} cases modelled", cases.len());
+    let mut worst = ("", 0.0f64);
+    for c in cases {
+        let e = c["error_pct"].as_f64().unwrap();
+        if e.abs() > worst.1.abs() {
+            worst = (c["id"].as_str().unwrap(), e);
+        }
+    }
+    if let Some(k) = v["calculon_rows"].as_object() {
+        eprintln!(
+            "Korthikanti Table 5: Prism {:.2}% mean {:.2}% max; Calculon 3.65% / 8.87%",
+            k["prism_mape"].as_f64().unwrap(),
+            k["prism_max_abs_error_pct"].as_f64().unwrap()
+        );
+    }
+    eprintln!(
+        "validation: {} cases, MAPE {mape:.2}%, worst {} {:+.2}%",
+        cases.len(),
+        worst.0,
+        worst.1
+    );
+    assert!(mape <= 8.0, "mean absolute error {mape:.2}% exceeds 8%");
+    assert!(
+        worst.1.abs() <= 20.0,
+        "case {} is off by {:+.2}% (> 20%)",
+        worst.0,
+        worst.1
+    );
+    // The exit status agrees: no case exceeds its tolerance.
+    assert!(
+        o.status.success(),
+        "validate exited with {:?}",
+        o.status.code()
+    );
+}
+
+fn shared_trace() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces/megatron-gpt-tp8-a100/megatron_kineto_0.json");
+    p.exists().then_some(p)
+}
+
+/// `prism profile import` on the real Megatron A100 trace writes a kernel table the cost model
+/// reads back, and its class totals add up to the trace's kernel time.
+#[test]
+fn profile_import_writes_a_kernel_table() {
+    let Some(trace) = shared_trace() else {
+        eprintln!("skipped: shared/traces not present");
+        return;
+    };
+    let out = std::env::temp_dir().join(format!("prism-kt-{}.csv", std::process::id()));
+    let o = prism(&[
+        "profile",
+        "import",
+        trace.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let total = v["kernel_time_s"].as_f64().unwrap();
+    let sum: f64 = v["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["seconds"].as_f64().unwrap())
+        .sum();
+    assert!((sum - total).abs() <= 1e-9 * total);
+    assert!(v["device"].as_str().unwrap().contains("A100"));
+    let table = prism_io_table(&out);
+    assert!(table >= 5, "only {table} rows");
+}
+
+fn prism_io_table(path: &std::path::Path) -> usize {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .count()
+        - 1
+}
