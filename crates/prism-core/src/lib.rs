@@ -38,5 +38,6 @@ pub mod network;
 pub mod ops;
 pub mod report;
 pub mod units;
+pub mod variability;
 
 pub use engine::{Mode, SimOptions, SimResult, simulate};
