@@ -120,7 +120,7 @@ pub fn hardware_flops_per_iteration(job: &Job) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::fixtures::small_job;
+    use crate::job::fixtures::{llama3_405b_job, small_job};
     use crate::job::{Activation, Model, Moe};
 
     fn rel(a: f64, b: f64) -> f64 {
@@ -204,24 +204,7 @@ mod tests {
     #[test]
     fn llama405b_per_token() {
         // Llama 3 405B (Dubey et al. 2024), 16384 GPUs: tp 8, pp 16, dp 128.
-        let mut job = small_job(2048, 8, 16, 2048);
-        job.model = Model {
-            name: "llama3-405b".into(),
-            layers: 126,
-            hidden: 16384,
-            ffn_hidden: 53248,
-            heads: 128,
-            kv_heads: 8,
-            head_dim: 128,
-            vocab: 128256,
-            seq_len: 8192,
-            activation: Activation::SwiGlu,
-            moe: None,
-            tied_embeddings: false,
-            dropout: true,
-        };
-        job.parallel.first_stage_layers = Some(7);
-        job.parallel.last_stage_layers = Some(7);
+        let job = llama3_405b_job();
         job.validate().unwrap();
         let per_token = model_flops_per_iteration(&job) / job.tokens_per_iteration() as f64;
         // By hand, forward per token and layer (h 16384, hq 16384, hkv 1024, f 53248, s 8192):

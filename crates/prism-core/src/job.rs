@@ -829,6 +829,32 @@ pub mod fixtures {
         }
     }
 
+    /// Llama 3 405B (Dubey et al. 2024, Table 3: 126 layers, hidden 16384, FFN 53248, 128 heads,
+    /// 8 KV heads, vocab 128256, sequence 8192, no dropout) on 16,384 H100: tp 8, pp 16 with
+    /// 7 layers on the first and the last stage, dp 128, 2048 sequences per iteration.
+    pub fn llama3_405b_job() -> Job {
+        let mut job = small_job(2048, 8, 16, 2048);
+        job.name = "llama3-405b".into();
+        job.model = Model {
+            name: "llama3-405b".into(),
+            layers: 126,
+            hidden: 16384,
+            ffn_hidden: 53248,
+            heads: 128,
+            kv_heads: 8,
+            head_dim: 128,
+            vocab: 128256,
+            seq_len: 8192,
+            activation: Activation::SwiGlu,
+            moe: None,
+            tied_embeddings: false,
+            dropout: false,
+        };
+        job.parallel.first_stage_layers = Some(7);
+        job.parallel.last_stage_layers = Some(7);
+        job
+    }
+
     /// A small job: `small_model` on `nodes` H100 nodes with the given tp/pp, dp derived.
     pub fn small_job(nodes: u32, tp: u32, pp: u32, global_batch: u32) -> Job {
         let cluster = h100_cluster(nodes);

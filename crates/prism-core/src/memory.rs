@@ -356,7 +356,7 @@ pub fn peak_memory(job: &Job) -> (u32, MemoryBreakdown) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::fixtures::{h100_cluster, small_job};
+    use crate::job::fixtures::{llama3_405b_job, small_job};
     use crate::job::{Activation, Model, Precision};
 
     const GIB: f64 = (1u64 << 30) as f64;
@@ -392,25 +392,7 @@ mod tests {
     /// stage 7 layers, others 8), dp 128, micro-batch 1, seq 8192, SP, no recompute,
     /// distributed optimizer, global batch 2048 sequences (16M tokens).
     fn llama405b_job() -> Job {
-        let mut job = small_job(2048, 8, 16, 2048);
-        job.cluster = h100_cluster(2048);
-        job.model = Model {
-            name: "llama3-405b".into(),
-            layers: 126,
-            hidden: 16384,
-            ffn_hidden: 53248,
-            heads: 128,
-            kv_heads: 8,
-            head_dim: 128,
-            vocab: 128256,
-            seq_len: 8192,
-            activation: Activation::SwiGlu,
-            moe: None,
-            tied_embeddings: false,
-            dropout: false,
-        };
-        job.parallel.first_stage_layers = Some(7);
-        job.parallel.last_stage_layers = Some(7);
+        let mut job = llama3_405b_job();
         job.parallel.sequence_parallel = true;
         job.parallel.recompute = Recompute::None;
         job.parallel.distributed_optimizer = true;
