@@ -35,6 +35,11 @@ enum Command {
     Profile(profile::ProfileCommand),
     /// Fit the physical parameters of a GPU generation to published runs (and Kineto kernels).
     Calibrate(calibrate::CalibrateArgs),
+    /// Training time as a distribution: Monte Carlo over iterations, failures and checkpoints,
+    /// with a probabilistic guarantee.
+    Predict(predict::PredictArgs),
+    /// Fit Normal, Gamma and LogNormal distributions to measured durations (KS selection).
+    Fit(fit::FitArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -81,6 +86,8 @@ struct SimulateArgs {
 
 mod bench;
 mod calibrate;
+mod fit;
+mod predict;
 mod profile;
 mod validate;
 
@@ -96,6 +103,8 @@ fn main() -> ExitCode {
         },
         Command::Profile(cmd) => profile::run(&cmd),
         Command::Calibrate(args) => calibrate::run(&args),
+        Command::Predict(args) => predict::run(&args),
+        Command::Fit(args) => fit::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -57,6 +57,63 @@ pub struct SimOptions {
     pub record_ranks: Vec<u32>,
     /// Communication costs nothing (for checks against schedule formulas).
     pub ideal_network: bool,
+    /// Random variation of this iteration (one Monte Carlo sample); needs `Mode::Full`.
+    pub perturbation: Option<Perturbation>,
+}
+
+/// The random state of one simulated iteration: which GPUs are slow, how each kernel deviates,
+/// how congested the network is. Every draw is a pure function of `seed`, the rank and the op
+/// (a counter-based hash), so a sample does not depend on event order or threads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Perturbation {
+    /// Time factor of every kernel of a rank (persistent speed, fail-slow), by rank; empty
+    /// means 1 everywhere.
+    pub rank_factor: Vec<f64>,
+    /// Per-kernel time factor by op class (`None` = every class).
+    pub jitter: Vec<(Option<OpClass>, crate::variability::Dist)>,
+    /// Time factor of every collective and send of this iteration (one shared draw: correlated
+    /// congestion); each collective's duration is shared by all its participants.
+    pub comm_factor: f64,
+    /// Seed of the per-kernel draws.
+    pub seed: u64,
+}
+
+impl Default for Perturbation {
+    fn default() -> Self {
+        Perturbation {
+            rank_factor: Vec::new(),
+            jitter: Vec::new(),
+            comm_factor: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// SplitMix64 finaliser: a well-mixed 64-bit hash of `x`.
+fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl Perturbation {
+    /// Uniform draw in (0, 1) for (rank, program op, occurrence).
+    fn uniform(&self, rank: u32, op: u32) -> f64 {
+        let h = mix64(self.seed ^ mix64(((rank as u64) << 32) | op as u64));
+        ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// Time factor of kernel `op` (of `class`) on `rank`.
+    fn kernel_factor(&self, rank: u32, op: u32, class: OpClass) -> f64 {
+        let mut f = self.rank_factor.get(rank as usize).copied().unwrap_or(1.0);
+        for (c, d) in &self.jitter {
+            if c.is_none_or(|c| c == class) {
+                f *= d.quantile(self.uniform(rank, op));
+            }
+        }
+        f
+    }
 }
 
 /// One executed op of a recorded rank.
@@ -93,6 +150,9 @@ pub enum SimError {
     /// The job's placement is not symmetric, so a reduced or sliced run would not be exact.
     #[error("reduced and sliced runs need a symmetric placement: {0}; run the full simulation")]
     Asymmetric(String),
+    /// An option is out of range.
+    #[error("invalid simulation option: {0}")]
+    InvalidOption(String),
     /// The simulation stopped with work left (a dependency cycle): a bug.
     #[error("simulation deadlocked at rank {rank} stream {stream}: {detail}")]
     Deadlock {
@@ -277,6 +337,19 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
         }
     };
     let full = opts.mode == Mode::Full;
+    if !full && opts.perturbation.is_some() {
+        return Err(SimError::Asymmetric(
+            "a perturbed (Monte Carlo) iteration breaks the symmetry between ranks".into(),
+        ));
+    }
+    if let Some(p) = &opts.perturbation
+        && !(p.comm_factor.is_finite() && p.comm_factor > 0.0)
+    {
+        return Err(SimError::InvalidOption(format!(
+            "perturbation.comm_factor must be a positive finite number (got {})",
+            p.comm_factor
+        )));
+    }
     let mut sim = Sim::new(job, &graph, &compute, opts, fabric, reps, full);
     sim.comm = comm_params;
     sim.run()?;
@@ -941,7 +1014,13 @@ impl<'a> Sim<'a> {
         let mut op = first;
         let mut start = self.now;
         loop {
-            let dur = durations[op as usize];
+            let dur = match (&self.opts.perturbation, p.kind[op as usize]) {
+                (Some(pt), OpKind::Compute(c)) => {
+                    let f = pt.kernel_factor(i.rank, op, c.class);
+                    (durations[op as usize] as f64 * f).round().max(1.0) as SimTime
+                }
+                _ => durations[op as usize],
+            };
             let secs = dur as f64 * 1e-12;
             i.timing.compute_s += secs;
             if let OpKind::Compute(c) = p.kind[op as usize]
@@ -1043,7 +1122,13 @@ impl<'a> Sim<'a> {
             inst
         };
         let shape = self.shape(kind, group);
-        let plan = comm::plan_collective(coll, bytes, shape, &self.job.cluster, &self.comm);
+        let plan = self.congested(comm::plan_collective(
+            coll,
+            bytes,
+            shape,
+            &self.job.cluster,
+            &self.comm,
+        ));
         if self.opts.ideal_network {
             self.push(self.now, Event::CollDone { kind: k as u8, id });
             return;
@@ -1087,6 +1172,21 @@ impl<'a> Sim<'a> {
         self.add_flow(links.to_vec().as_slice(), plan, owner);
     }
 
+    /// Applies this iteration's communication regime: every part of the plan takes `comm_factor`
+    /// times as long (NIC bytes scaled, so contention still shares the slower transfer).
+    fn congested(&self, mut plan: CommPlan) -> CommPlan {
+        if let Some(p) = &self.opts.perturbation
+            && p.comm_factor != 1.0
+        {
+            let f = p.comm_factor;
+            plan.latency_ps = (plan.latency_ps as f64 * f).round() as SimTime;
+            plan.nvlink_ps = (plan.nvlink_ps as f64 * f).round() as SimTime;
+            plan.nic_bytes =
+                ((plan.nic_bytes as f64 * f).round() as u64).max(u64::from(plan.nic_bytes > 0));
+        }
+        plan
+    }
+
     fn add_flow(&mut self, links: &[(LinkId, u32)], plan: CommPlan, owner: Owner) {
         let f = self.net.add(self.now, links, plan.nic_bytes, 0);
         if self.owners.len() <= f as usize {
@@ -1099,7 +1199,7 @@ impl<'a> Sim<'a> {
         let rank = self.insts[inst as usize].rank;
         let peer = wrap_peer(&self.layout, rank, delta);
         let same = self.fabric.same_node(rank, peer);
-        let plan = comm::plan_p2p(bytes, same, &self.job.cluster, &self.comm);
+        let plan = self.congested(comm::plan_p2p(bytes, same, &self.job.cluster, &self.comm));
         if self.opts.ideal_network {
             self.push(self.now, Event::SendDone { inst });
             return;

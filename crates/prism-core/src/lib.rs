@@ -36,7 +36,9 @@ pub mod layout;
 pub mod memory;
 pub mod network;
 pub mod ops;
+pub mod reliability;
 pub mod report;
+pub mod stats;
 pub mod units;
 pub mod variability;
 

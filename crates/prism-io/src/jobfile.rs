@@ -25,6 +25,9 @@ use prism_core::job::{
     Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
     Recompute, Schedule, Topology, Training,
 };
+use prism_core::variability::{
+    CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
+};
 use toml::de::{DeTable, DeValue};
 
 use crate::hf;
@@ -58,6 +61,13 @@ pub struct LoadedJob {
     pub kernel_table: Option<PathBuf>,
     /// The job file path, or `<embedded default>`.
     pub source: String,
+    /// The `[variability]` section; `Default` (deterministic) when absent.
+    pub variability: Variability,
+    /// `variability.seed`: the default seed of stochastic runs, when given.
+    pub variability_seed: Option<u64>,
+    /// `variability.distributions.table`, resolved against the job file's directory: a table of
+    /// fitted distributions written by `prism fit`.
+    pub dist_table: Option<PathBuf>,
 }
 
 /// A job file that could not be loaded: where, which key, which rule.
@@ -97,7 +107,8 @@ impl fmt::Display for JobFileError {
 impl std::error::Error for JobFileError {}
 
 /// Loads, overrides and validates the job file at `path`. Relative paths inside it
-/// (`model.hf_config`, `cost.kernel_table`) are resolved against its directory.
+/// (`model.hf_config`, `cost.kernel_table`, `variability.distributions.table`) are resolved
+/// against its directory.
 pub fn load_job_file(path: &Path, sets: &[String]) -> Result<LoadedJob, JobFileError> {
     let origin = path.display().to_string();
     let text = read_limited(path).map_err(|rule| JobFileError {
@@ -161,17 +172,27 @@ fn read_limited(path: &Path) -> Result<String, String> {
 enum Ty {
     Str,
     U32,
+    U64,
     F64,
     Bool,
+    /// A distribution: an inline table `{ dist = "...", <parameters> }` or a number (constant).
+    Dist,
+    /// A sub-table (`[variability.failures]`), checked against its own field list.
+    Table,
 }
 
 impl Ty {
     fn expected(self) -> &'static str {
         match self {
             Ty::Str => "a string",
-            Ty::U32 => "a non-negative integer",
+            Ty::U32 | Ty::U64 => "a non-negative integer",
             Ty::F64 => "a number",
             Ty::Bool => "a boolean (true or false)",
+            Ty::Dist => {
+                "a distribution (a table such as { dist = \"normal\", mean = 1.0, std = 0.03 }, \
+                 or a number for a constant)"
+            }
+            Ty::Table => "a table",
         }
     }
 }
@@ -276,16 +297,88 @@ const TRAINING_FIELDS: &[Field] = &[
 
 const COST_FIELDS: &[Field] = &[fld("kernel_table", Ty::Str)];
 
+const VARIABILITY_FIELDS: &[Field] = &[
+    fld("seed", Ty::U64),
+    fld("gpu_speed", Ty::Dist),
+    fld("gpu_outlier_fraction", Ty::F64),
+    fld("gpu_outlier_slowdown", Ty::F64),
+    fld("comm_regime", Ty::Dist),
+    fld("kernel_jitter", Ty::Table),
+    fld("fail_slow", Ty::Table),
+    fld("failures", Ty::Table),
+    fld("distributions", Ty::Table),
+];
+
+/// Op classes of `[variability.kernel_jitter]` (`prism_core::ops::OpClass` names) and `all`.
+const KERNEL_JITTER_FIELDS: &[Field] = &[
+    fld("all", Ty::Dist),
+    fld("gemm", Ty::Dist),
+    fld("attention", Ty::Dist),
+    fld("norm", Ty::Dist),
+    fld("softmax", Ty::Dist),
+    fld("elementwise", Ty::Dist),
+    fld("embedding", Ty::Dist),
+    fld("loss", Ty::Dist),
+    fld("router", Ty::Dist),
+    fld("optimizer", Ty::Dist),
+    fld("framework", Ty::Dist),
+];
+
+const FAIL_SLOW_FIELDS: &[Field] = &[
+    fld("rate_per_gpu_hour", Ty::F64),
+    fld("duration_s", Ty::Dist),
+    fld("slowdown", Ty::F64),
+];
+
+const FAILURES_FIELDS: &[Field] = &[
+    fld("rate_per_gpu_hour", Ty::F64),
+    fld("rate_per_node_day", Ty::F64),
+    fld("checkpoint_interval_s", Ty::F64),
+    fld("checkpoint_write_s", Ty::F64),
+    fld("restart_s", Ty::F64),
+];
+
+const DISTRIBUTIONS_FIELDS: &[Field] = &[fld("table", Ty::Str)];
+
+/// Distribution kinds (`dist = "..."`) and the parameters each takes.
+const DISTS: &[(&str, &[&str])] = &[
+    ("constant", &["value"]),
+    ("normal", &["mean", "std"]),
+    ("lognormal", &["mu", "sigma"]),
+    ("gamma", &["shape", "scale"]),
+    ("exponential", &["mean"]),
+    ("empirical", &["values"]),
+];
+
+/// Every key a distribution table may hold.
+const DIST_PARAMS: &[&str] = &[
+    "dist", "value", "mean", "std", "mu", "sigma", "shape", "scale", "values",
+];
+
 const SECTIONS: &[(&str, &[Field])] = &[
     ("model", MODEL_FIELDS),
     ("cluster", CLUSTER_FIELDS),
     ("parallel", PARALLEL_FIELDS),
     ("training", TRAINING_FIELDS),
     ("cost", COST_FIELDS),
+    ("variability", VARIABILITY_FIELDS),
+];
+
+/// Sub-sections: the fields of type [`Ty::Table`] of a section, stored in [`Doc::sections`]
+/// under their dotted name.
+const SUBSECTIONS: &[(&str, &[Field])] = &[
+    ("variability.kernel_jitter", KERNEL_JITTER_FIELDS),
+    ("variability.fail_slow", FAIL_SLOW_FIELDS),
+    ("variability.failures", FAILURES_FIELDS),
+    ("variability.distributions", DISTRIBUTIONS_FIELDS),
 ];
 
 fn section_fields(name: &str) -> Option<(&'static str, &'static [Field])> {
     SECTIONS.iter().find(|(n, _)| *n == name).copied()
+}
+
+fn subsection_fields(name: &str) -> Option<(&'static str, &'static [Field])> {
+    SUBSECTIONS.iter().find(|(n, _)| *n == name).copied()
 }
 
 fn find_field<'f>(fields: &'f [Field], key: &str) -> Option<&'f Field> {
@@ -334,6 +427,8 @@ enum Val {
     Float(f64),
     Bool(bool),
     Table(Vec<Entry>),
+    /// An array: its elements with where each came from.
+    Array(Vec<(Val, Src)>),
     Other(&'static str),
 }
 
@@ -346,6 +441,7 @@ impl Val {
             Val::Float(x) => format!("float {x}"),
             Val::Bool(b) => format!("boolean {b}"),
             Val::Table(_) => "a table".into(),
+            Val::Array(_) => "an array".into(),
             Val::Other(t) => (*t).to_string(),
         }
     }
@@ -369,7 +465,14 @@ fn convert_value(v: &DeValue<'_>, mk: &dyn Fn(Range<usize>, Range<usize>) -> Src
         DeValue::Float(x) => Val::Float(x.as_str().replace('_', "").parse().unwrap_or(f64::NAN)),
         DeValue::Boolean(b) => Val::Bool(*b),
         DeValue::Datetime(_) => Val::Other("a datetime"),
-        DeValue::Array(_) => Val::Other("an array"),
+        DeValue::Array(a) => Val::Array(
+            a.iter()
+                .map(|v| {
+                    let span = v.span();
+                    (convert_value(v.get_ref(), mk), mk(span.clone(), span))
+                })
+                .collect(),
+        ),
         DeValue::Table(t) => Val::Table(convert_table(t, mk)),
     }
 }
@@ -532,10 +635,41 @@ fn parse_doc(ctx: &Ctx<'_>) -> Result<Doc, JobFileError> {
                 ),
             ));
         };
-        let section = normalize_section(ctx, sname, fields, items, &[])?;
+        let mut section = normalize_section(ctx, sname, fields, items, &[])?;
+        split_subsections(ctx, sname, fields, &mut section, &mut doc)?;
         doc.sections.insert(sname, section);
     }
     Ok(doc)
+}
+
+/// Moves the sub-table fields ([`Ty::Table`]) of section `sname` into their own sections of
+/// `doc` (`variability.failures`), checking their keys.
+fn split_subsections(
+    ctx: &Ctx<'_>,
+    sname: &'static str,
+    fields: &'static [Field],
+    section: &mut Section,
+    doc: &mut Doc,
+) -> Result<(), JobFileError> {
+    for field in fields.iter().filter(|f| f.ty == Ty::Table) {
+        let Some(entry) = section.fields.remove(field.name) else {
+            continue;
+        };
+        let dotted = format!("{sname}.{}", field.name);
+        let Some((sub, sub_fields)) = subsection_fields(&dotted) else {
+            continue;
+        };
+        let Val::Table(items) = &entry.val else {
+            return Err(ctx.at_value(
+                &entry.src,
+                sub,
+                format!("must be a section (`[{sub}]`), found {}", entry.val.kind()),
+            ));
+        };
+        let subsection = normalize_section(ctx, sub, sub_fields, items, &[])?;
+        doc.sections.insert(sub, subsection);
+    }
+    Ok(())
 }
 
 fn unknown_top_level(ctx: &Ctx<'_>, entry: &Entry) -> JobFileError {
@@ -572,6 +706,7 @@ fn unknown_top_level(ctx: &Ctx<'_>, entry: &Entry) -> JobFileError {
 fn other_section_of(key: &str, except: Option<&str>) -> Option<&'static str> {
     SECTIONS
         .iter()
+        .chain(SUBSECTIONS)
         .filter(|(n, _)| Some(*n) != except)
         .find(|(_, fields)| find_field(fields, key).is_some())
         .map(|(n, _)| *n)
@@ -644,6 +779,8 @@ fn apply_override(ctx: &Ctx<'_>, doc: &mut Doc, set: &str) -> Result<(), JobFile
             "bad override: expected `section.key=value`, e.g. `parallel.tp=4`".into(),
         ));
     }
+    // A distribution parameter set on its own: `variability.gpu_speed.std=0.05`.
+    let mut param: Option<&str> = None;
     let (section, field): (Option<&'static str>, &'static Field) = match parts.as_slice() {
         [name] => match find_field(TOP_FIELDS, name) {
             Some(f) => (None, f),
@@ -667,8 +804,19 @@ fn apply_override(ctx: &Ctx<'_>, doc: &mut Doc, set: &str) -> Result<(), JobFile
                 return Err(bad(Some(name), rule));
             }
         },
-        [sec, name] => {
-            let Some((sname, fields)) = section_fields(sec) else {
+        [sec, rest @ ..] => {
+            let form_error = || {
+                bad(
+                    Some(key),
+                    "bad override: keys have the form `section.key` (or `name`; \
+                     `variability.<table>.key`, `variability.<distribution>.parameter`)"
+                        .into(),
+                )
+            };
+            let Some((top, top_fields)) = section_fields(sec) else {
+                if rest.len() > 1 {
+                    return Err(form_error());
+                }
                 let names: Vec<&'static str> = SECTIONS.iter().map(|(n, _)| *n).collect();
                 return Err(bad(
                     Some(key),
@@ -678,6 +826,19 @@ fn apply_override(ctx: &Ctx<'_>, doc: &mut Doc, set: &str) -> Result<(), JobFile
                     ),
                 ));
             };
+            // A sub-section key: `variability.failures.restart_s`.
+            let (sname, fields, rest) = match rest {
+                [sub, tail @ ..] if !tail.is_empty() => {
+                    match subsection_fields(&format!("{top}.{sub}")) {
+                        Some((n, f)) => (n, f, tail),
+                        None => (top, top_fields, rest),
+                    }
+                }
+                _ => (top, top_fields, rest),
+            };
+            let Some((name, tail)) = rest.split_first() else {
+                return Err(form_error());
+            };
             let Some(field) = find_field(fields, name) else {
                 let rule = match other_section_of(name, Some(sname)) {
                     Some(home) => format!("unknown key; `{name}` belongs in `[{home}]`"),
@@ -685,21 +846,50 @@ fn apply_override(ctx: &Ctx<'_>, doc: &mut Doc, set: &str) -> Result<(), JobFile
                 };
                 return Err(bad(Some(key), rule));
             };
+            match (field.ty, tail) {
+                (Ty::Table, _) => {
+                    return Err(bad(
+                        Some(key),
+                        format!(
+                            "bad override: name a key inside the table, e.g. \
+                             `{sname}.{name}.<key>=value`"
+                        ),
+                    ));
+                }
+                (_, []) => {}
+                (Ty::Dist, [p]) => {
+                    if !DIST_PARAMS.contains(p) {
+                        return Err(bad(
+                            Some(key),
+                            format!(
+                                "unknown distribution parameter; {}",
+                                suggestion(p, DIST_PARAMS, backticked)
+                            ),
+                        ));
+                    }
+                    param = Some(*p);
+                }
+                _ => return Err(form_error()),
+            }
             (Some(sname), field)
         }
-        _ => {
+        [] => {
             return Err(bad(
                 Some(key),
                 "bad override: keys have the form `section.key` (or `name`)".into(),
             ));
         }
     };
+    let raw_text = match param {
+        Some(p) => p == "dist",
+        None => field.ty == Ty::Str,
+    };
     let val = match DeValue::parse(text) {
         Ok(v) => {
             let parsed = convert_value(v.get_ref(), &|_, _| src.clone());
-            match (&parsed, field.ty) {
+            match (&parsed, raw_text) {
                 (Val::Str(_), _) => parsed,
-                (_, Ty::Str) => Val::Str(text.to_string()),
+                (_, true) => Val::Str(text.to_string()),
                 _ => parsed,
             }
         }
@@ -722,7 +912,27 @@ fn apply_override(ctx: &Ctx<'_>, doc: &mut Doc, set: &str) -> Result<(), JobFile
             if matches!(sname, "model") && field.name == "hf_config" {
                 sec.fields.remove("preset");
             }
-            sec.fields.insert(field.name, entry);
+            match param {
+                None => {
+                    sec.fields.insert(field.name, entry);
+                }
+                Some(p) => {
+                    // Replace one parameter of the distribution table (created if absent).
+                    let slot = sec.fields.entry(field.name).or_insert_with(|| Entry {
+                        key: field.name.to_string(),
+                        val: Val::Table(Vec::new()),
+                        src: entry.src.clone(),
+                    });
+                    if !matches!(slot.val, Val::Table(_)) {
+                        slot.val = Val::Table(Vec::new());
+                        slot.src = entry.src.clone();
+                    }
+                    if let Val::Table(items) = &mut slot.val {
+                        items.retain(|e| e.key != p);
+                        items.push(entry);
+                    }
+                }
+            }
         }
     }
     Ok(())
@@ -735,7 +945,7 @@ fn apply_override(ctx: &Ctx<'_>, doc: &mut Doc, set: &str) -> Result<(), JobFile
 /// Typed access to one section's resolved fields.
 struct Getter<'a> {
     ctx: &'a Ctx<'a>,
-    section: &'static str,
+    section: &'a str,
     fields: &'a BTreeMap<&'static str, Entry>,
 }
 
@@ -815,6 +1025,225 @@ impl Getter<'_> {
         Ok(Some(x))
     }
 
+    fn u64(&self, key: &str) -> Result<Option<u64>, JobFileError> {
+        let Some(e) = self.entry(key) else {
+            return Ok(None);
+        };
+        let negative = |shown: &str| {
+            self.ctx.at_value(
+                &e.src,
+                &self.dotted(key),
+                format!("must not be negative (got {shown})"),
+            )
+        };
+        let too_large = |shown: &str| {
+            self.ctx.at_value(
+                &e.src,
+                &self.dotted(key),
+                format!("is too large (got {shown}; at most {})", u64::MAX),
+            )
+        };
+        match &e.val {
+            Val::Int(i) if *i < 0 => Err(negative(&i.to_string())),
+            Val::Int(i) => u64::try_from(*i)
+                .map(Some)
+                .map_err(|_| too_large(&i.to_string())),
+            Val::BigInt(s) if s.starts_with('-') => Err(negative(s)),
+            Val::BigInt(s) => Err(too_large(s)),
+            _ => Err(self.type_error(key, e, Ty::U64)),
+        }
+    }
+
+    /// A number that must satisfy `ok`; `rule` says how ("must be positive").
+    fn f64_where(
+        &self,
+        key: &str,
+        ok: fn(f64) -> bool,
+        rule: &str,
+    ) -> Result<Option<f64>, JobFileError> {
+        let Some(x) = self.f64(key)? else {
+            return Ok(None);
+        };
+        if ok(x) {
+            return Ok(Some(x));
+        }
+        let e = self.entry(key).expect("f64() returned Some");
+        Err(self
+            .ctx
+            .at_value(&e.src, &self.dotted(key), format!("{rule} (got {x})")))
+    }
+
+    /// A distribution: a number (a constant) or a table `{ dist = "<kind>", <parameters> }`.
+    /// The parameters are checked against the kind (unknown ones get a suggestion, missing ones
+    /// are named) and validated; every draw of the distribution must be positive, so constants,
+    /// means, shapes and scales must be positive and spreads non-negative.
+    fn dist(&self, key: &str) -> Result<Option<Dist>, JobFileError> {
+        let Some(e) = self.entry(key) else {
+            return Ok(None);
+        };
+        let dotted = self.dotted(key);
+        let items = match &e.val {
+            Val::Float(_) | Val::Int(_) | Val::BigInt(_) => {
+                let x =
+                    self.f64_where(key, positive, "a constant distribution must be positive")?;
+                return Ok(x.map(Dist::Constant));
+            }
+            Val::Table(items) => items,
+            _ => return Err(self.type_error(key, e, Ty::Dist)),
+        };
+        let mut params: BTreeMap<&'static str, Entry> = BTreeMap::new();
+        for item in items {
+            let Some(name) = DIST_PARAMS.iter().copied().find(|p| *p == item.key) else {
+                return Err(self.ctx.at_key(
+                    &item.src,
+                    &format!("{dotted}.{}", item.key),
+                    format!(
+                        "unknown distribution parameter; {}",
+                        suggestion(&item.key, DIST_PARAMS, backticked)
+                    ),
+                ));
+            };
+            params.insert(name, item.clone());
+        }
+        let g = Getter {
+            ctx: self.ctx,
+            section: &dotted,
+            fields: &params,
+        };
+        // A missing parameter is located at the distribution's table.
+        let missing = |p: &str, rule: &str| {
+            let mut err = g.missing(p, rule);
+            self.ctx.locate(&mut err, &e.src, false);
+            err
+        };
+        let kinds: Vec<&'static str> = DISTS.iter().map(|(n, _)| *n).collect();
+        let Some(kind) = g.str("dist")? else {
+            let quoted: Vec<String> = kinds.iter().map(|n| format!("\"{n}\"")).collect();
+            return Err(missing(
+                "dist",
+                &format!(
+                    "a distribution table needs `dist`, one of {}",
+                    quoted.join(", ")
+                ),
+            ));
+        };
+        let lower = kind.trim().to_ascii_lowercase();
+        let Some((kind, takes)) = DISTS.iter().copied().find(|(n, _)| *n == lower) else {
+            let quoted: Vec<String> = kinds.iter().map(|n| format!("\"{n}\"")).collect();
+            let hint = match presets::closest(&lower, kinds.iter().copied()) {
+                Some(c) => format!("; did you mean \"{c}\"?"),
+                None => String::new(),
+            };
+            let de = g.entry("dist").expect("str() returned Some");
+            return Err(self.ctx.at_value(
+                &de.src,
+                &g.dotted("dist"),
+                format!(
+                    "unknown distribution; must be one of {} (got \"{kind}\"){hint}",
+                    quoted.join(", ")
+                ),
+            ));
+        };
+        let listed: Vec<String> = takes.iter().map(|p| format!("`{p}`")).collect();
+        let listed = listed.join(" and ");
+        for item in items {
+            if item.key != "dist" && !takes.contains(&item.key.as_str()) {
+                return Err(self.ctx.at_key(
+                    &item.src,
+                    &g.dotted(&item.key),
+                    format!(
+                        "not a parameter of dist \"{kind}\" (which takes {listed}){}",
+                        match presets::closest(&item.key, takes.iter().copied()) {
+                            Some(c) => format!("; did you mean `{c}`?"),
+                            None => String::new(),
+                        }
+                    ),
+                ));
+            }
+        }
+        let need = |p: &str, ok: fn(f64) -> bool, rule: &str| -> Result<f64, JobFileError> {
+            g.f64_where(p, ok, rule)?
+                .ok_or_else(|| missing(p, &format!("dist \"{kind}\" needs {listed}")))
+        };
+        const POS: &str = "must be positive";
+        const NONNEG: &str = "must not be negative";
+        let d = match kind {
+            "constant" => Dist::Constant(need("value", positive, POS)?),
+            "normal" => Dist::Normal {
+                mean: need("mean", positive, POS)?,
+                std: need("std", nonneg, NONNEG)?,
+            },
+            "lognormal" => Dist::LogNormal {
+                mu: need("mu", |_| true, "")?,
+                sigma: need("sigma", nonneg, NONNEG)?,
+            },
+            "gamma" => Dist::Gamma {
+                shape: need("shape", positive, POS)?,
+                scale: need("scale", positive, POS)?,
+            },
+            "exponential" => Dist::Exponential {
+                mean: need("mean", positive, POS)?,
+            },
+            _ => match g.entry("values") {
+                None => {
+                    return Err(missing(
+                        "values",
+                        &format!("dist \"{kind}\" needs {listed}"),
+                    ));
+                }
+                Some(_) => Dist::Empirical(g.values("values")?),
+            },
+        };
+        Ok(Some(d))
+    }
+
+    /// The non-empty array of positive numbers of an empirical distribution.
+    fn values(&self, key: &str) -> Result<Vec<f64>, JobFileError> {
+        let Some(e) = self.entry(key) else {
+            return Ok(Vec::new());
+        };
+        let dotted = self.dotted(key);
+        let Val::Array(items) = &e.val else {
+            return Err(self.ctx.at_value(
+                &e.src,
+                &dotted,
+                format!("expected an array of numbers, found {}", e.val.kind()),
+            ));
+        };
+        if items.is_empty() {
+            return Err(self
+                .ctx
+                .at_value(&e.src, &dotted, "must hold at least one value"));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (i, (v, src)) in items.iter().enumerate() {
+            let x = match v {
+                Val::Float(x) => *x,
+                Val::Int(n) => *n as f64,
+                Val::BigInt(_) => f64::INFINITY,
+                other => {
+                    return Err(self.ctx.at_value(
+                        src,
+                        &dotted,
+                        format!("element {i}: expected a number, found {}", other.kind()),
+                    ));
+                }
+            };
+            if !(x.is_finite() && x > 0.0) {
+                return Err(self.ctx.at_value(
+                    src,
+                    &dotted,
+                    format!(
+                        "element {i}: must be a positive finite number (got {})",
+                        fmt_val(v)
+                    ),
+                ));
+            }
+            out.push(x);
+        }
+        Ok(out)
+    }
+
     fn bool(&self, key: &str) -> Result<Option<bool>, JobFileError> {
         let Some(e) = self.entry(key) else {
             return Ok(None);
@@ -888,6 +1317,22 @@ impl Getter<'_> {
             None => self.ctx.error(Some(&dotted), rule),
         })
     }
+}
+
+fn positive(x: f64) -> bool {
+    x > 0.0
+}
+
+fn nonneg(x: f64) -> bool {
+    x >= 0.0
+}
+
+fn fraction(x: f64) -> bool {
+    (0.0..=1.0).contains(&x)
+}
+
+fn at_least_one(x: f64) -> bool {
+    x >= 1.0
 }
 
 fn fmt_val(v: &Val) -> String {
@@ -1024,6 +1469,8 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
         }
     };
 
+    let var = build_variability(ctx, doc, &cluster, base_dir)?;
+
     let name = match &doc.name {
         None => format!(
             "{} on {} x {}",
@@ -1064,6 +1511,188 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
         job,
         kernel_table,
         source: ctx.origin.to_string(),
+        variability: var.variability,
+        variability_seed: var.seed,
+        dist_table: var.dist_table,
+    })
+}
+
+/// The typed `[variability]` section.
+struct LoadedVariability {
+    variability: Variability,
+    seed: Option<u64>,
+    dist_table: Option<PathBuf>,
+}
+
+fn build_variability(
+    ctx: &Ctx<'_>,
+    doc: &Doc,
+    cluster: &Cluster,
+    base_dir: Option<&Path>,
+) -> Result<LoadedVariability, JobFileError> {
+    let section = |name: &str| doc.sections.get(name).map(|s| &s.fields);
+    let g = Getter {
+        ctx,
+        section: "variability",
+        fields: section("variability").unwrap_or(NO_SECTION),
+    };
+    const POS: &str = "must be positive";
+    const NONNEG: &str = "must not be negative";
+    let seed = g.u64("seed")?;
+
+    let factor = g.dist("gpu_speed")?;
+    let outlier_fraction = g.f64_where(
+        "gpu_outlier_fraction",
+        fraction,
+        "must be a fraction in [0, 1]",
+    )?;
+    let outlier_slowdown = g.f64_where("gpu_outlier_slowdown", positive, POS)?;
+    let gpu_speed = if factor.is_none() && outlier_fraction.is_none() && outlier_slowdown.is_none()
+    {
+        None
+    } else {
+        let outlier_fraction = outlier_fraction.unwrap_or(0.0);
+        if outlier_fraction > 0.0 && outlier_slowdown.is_none() {
+            return Err(g.missing(
+                "gpu_outlier_slowdown",
+                "gpu_outlier_fraction > 0 needs the time factor of an outlier GPU (e.g. 1.2)",
+            ));
+        }
+        Some(GpuSpeed {
+            factor: factor.unwrap_or(Dist::Constant(1.0)),
+            outlier_fraction,
+            outlier_slowdown: outlier_slowdown.unwrap_or(1.0),
+        })
+    };
+    let comm_regime = g.dist("comm_regime")?.map(|factor| CommRegime { factor });
+
+    let mut kernel_jitter = Vec::new();
+    if let Some(fields) = section("variability.kernel_jitter") {
+        let kj = Getter {
+            ctx,
+            section: "variability.kernel_jitter",
+            fields,
+        };
+        for f in KERNEL_JITTER_FIELDS {
+            if let Some(factor) = kj.dist(f.name)? {
+                kernel_jitter.push(KernelJitter {
+                    class: f.name.to_string(),
+                    factor,
+                });
+            }
+        }
+    }
+
+    let fail_slow = match section("variability.fail_slow") {
+        None => None,
+        Some(fields) => {
+            let fs = Getter {
+                ctx,
+                section: "variability.fail_slow",
+                fields,
+            };
+            Some(FailSlow {
+                rate_per_gpu_hour: fs
+                    .f64_where("rate_per_gpu_hour", nonneg, NONNEG)?
+                    .ok_or_else(|| fs.missing("rate_per_gpu_hour", "episodes per GPU-hour"))?,
+                duration_s: fs.dist("duration_s")?.ok_or_else(|| {
+                    fs.missing(
+                        "duration_s",
+                        "the episode duration in seconds, a distribution or a number",
+                    )
+                })?,
+                slowdown: fs
+                    .f64_where("slowdown", at_least_one, "must be at least 1")?
+                    .ok_or_else(|| {
+                        fs.missing("slowdown", "the time factor while slow (e.g. 2.0)")
+                    })?,
+            })
+        }
+    };
+
+    let failures = match section("variability.failures") {
+        None => None,
+        Some(fields) => {
+            let fl = Getter {
+                ctx,
+                section: "variability.failures",
+                fields,
+            };
+            let per_gpu_hour = fl.f64_where("rate_per_gpu_hour", nonneg, NONNEG)?;
+            let per_node_day = fl.f64_where("rate_per_node_day", nonneg, NONNEG)?;
+            let rate_per_gpu_hour = match (per_gpu_hour, per_node_day) {
+                (Some(_), Some(_)) => {
+                    let e = fl.entry("rate_per_node_day").expect("present");
+                    return Err(ctx.at_key(
+                        &e.src,
+                        "variability.failures.rate_per_node_day",
+                        "variability.failures.rate_per_gpu_hour and rate_per_node_day are both \
+                         given; give only one",
+                    ));
+                }
+                (Some(r), None) => r,
+                (None, Some(r)) => r / (24.0 * f64::from(cluster.gpus_per_node.max(1))),
+                (None, None) => {
+                    return Err(fl.missing(
+                        "rate_per_gpu_hour",
+                        "give the failure rate as rate_per_gpu_hour or rate_per_node_day",
+                    ));
+                }
+            };
+            Some(Failures {
+                rate_per_gpu_hour,
+                checkpoint_interval_s: fl
+                    .f64_where("checkpoint_interval_s", positive, POS)?
+                    .ok_or_else(|| {
+                        fl.missing(
+                            "checkpoint_interval_s",
+                            "seconds of training between checkpoints",
+                        )
+                    })?,
+                checkpoint_write_s: fl
+                    .f64_where("checkpoint_write_s", nonneg, NONNEG)?
+                    .unwrap_or(0.0),
+                restart_s: fl.f64_where("restart_s", nonneg, NONNEG)?.unwrap_or(0.0),
+            })
+        }
+    };
+
+    let dist_table = match section("variability.distributions") {
+        None => None,
+        Some(fields) => {
+            let dt = Getter {
+                ctx,
+                section: "variability.distributions",
+                fields,
+            };
+            match dt.str("table")? {
+                None => None,
+                Some(p) => {
+                    let path = resolve_path(base_dir, p);
+                    if !path.is_file() {
+                        let e = dt.entry("table").expect("present");
+                        return Err(ctx.at_value(
+                            &e.src,
+                            "variability.distributions.table",
+                            format!("file not found: {}", path.display()),
+                        ));
+                    }
+                    Some(path)
+                }
+            }
+        }
+    };
+
+    Ok(LoadedVariability {
+        variability: Variability {
+            gpu_speed,
+            kernel_jitter,
+            comm_regime,
+            fail_slow,
+            failures,
+        },
+        seed,
+        dist_table,
     })
 }
 

@@ -12,5 +12,6 @@ pub mod kineto;
 pub mod plot;
 pub mod presets;
 pub mod report_json;
+pub mod samples;
 pub mod trace;
 pub mod validation;

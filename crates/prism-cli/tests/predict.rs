@@ -1,0 +1,104 @@
+//! `prism predict`: training time as a distribution.
+
+use std::process::Command;
+
+fn prism(args: &[&str]) -> serde_json::Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_prism"))
+        .args(args)
+        .output()
+        .expect("run prism");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("JSON")
+}
+
+fn data(name: &str) -> String {
+    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Without a [variability] section every Monte Carlo iteration is the deterministic one, and
+/// with no failures the run takes exactly iterations x step time.
+#[test]
+fn deterministic_job_has_no_spread() {
+    let job = data("variability.toml");
+    // `--set` reaches [variability] keys too.
+    let det = prism(&[
+        "simulate",
+        &job,
+        "--json",
+        "--set",
+        "variability.gpu_outlier_fraction=0",
+    ]);
+    assert!(det["iteration_time_s"].as_f64().unwrap() > 0.0);
+    // The same job without variability: strip the section through a copy.
+    let text = std::fs::read_to_string(&job).unwrap();
+    let plain = text.split("[variability]").next().unwrap().to_string();
+    let path = std::env::temp_dir().join(format!("prism-plain-{}.toml", std::process::id()));
+    std::fs::write(&path, plain).unwrap();
+    let p = path.to_str().unwrap();
+    let step = prism(&["simulate", p, "--json"])["iteration_time_s"]
+        .as_f64()
+        .unwrap();
+    let v = prism(&[
+        "predict",
+        p,
+        "--tokens",
+        "1e9",
+        "--samples",
+        "4",
+        "--runs",
+        "50",
+        "--json",
+    ]);
+    let s = &v["step_time_s"];
+    for k in ["mean", "p50", "p99", "min", "max"] {
+        assert!((s[k].as_f64().unwrap() / step - 1.0).abs() < 1e-12, "{k}");
+    }
+    let iterations = v["iterations"].as_f64().unwrap();
+    let days = v["training_time_days"]["p50"].as_f64().unwrap();
+    // Whole blocks of iterations: at most one block (iterations / 4096 rounded up) extra.
+    let block = (iterations / 4096.0).ceil();
+    let expect = iterations * step / 86400.0;
+    assert!(
+        days >= expect * (1.0 - 1e-12)
+            && days <= (iterations + block) * step / 86400.0 * (1.0 + 1e-12)
+    );
+    assert_eq!(v["expected_interruptions"].as_f64().unwrap(), 0.0);
+}
+
+/// Same seed, same distribution; variability spreads the step time; interruptions follow the
+/// failure rate (Poisson: mean = rate x GPUs x wall time).
+#[test]
+fn variability_spreads_and_is_seeded() {
+    let job = data("variability.toml");
+    let args = [
+        "predict",
+        &job,
+        "--tokens",
+        "2e11",
+        "--samples",
+        "16",
+        "--runs",
+        "400",
+        "--json",
+        "--seed",
+        "3",
+    ];
+    let a = prism(&args);
+    let b = prism(&args);
+    assert_eq!(a, b);
+    let s = &a["step_time_s"];
+    assert!(s["max"].as_f64().unwrap() > s["min"].as_f64().unwrap());
+    let g = a["guarantee"]["training_time_days"]
+        .as_f64()
+        .expect("guarantee with 400 runs");
+    assert!(g >= a["training_time_days"]["p50"].as_f64().unwrap());
+    let gpus = a["num_gpus"].as_f64().unwrap();
+    let mean_h = a["training_time_days"]["mean"].as_f64().unwrap() * 24.0;
+    let expect = 2e-5 * gpus * mean_h;
+    let got = a["expected_interruptions"].as_f64().unwrap();
+    // 400 runs of a Poisson count: standard error sqrt(expect / 400).
+    assert!(
+        (got - expect).abs() < 4.0 * (expect / 400.0).sqrt() + 0.02,
+        "{got} vs {expect}"
+    );
+}

@@ -1,0 +1,136 @@
+//! Perturbed (Monte Carlo) iterations against independent truth.
+
+use prism_core::engine::{Mode, Perturbation, SimOptions, simulate};
+use prism_core::job::fixtures::small_job;
+use prism_core::ops::OpClass;
+use prism_core::variability::Dist;
+
+fn run(job: &prism_core::job::Job, p: Option<Perturbation>) -> prism_core::engine::SimResult {
+    simulate(
+        job,
+        &SimOptions {
+            mode: Mode::Full,
+            perturbation: p,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+/// A perturbation that changes nothing gives exactly the deterministic run.
+#[test]
+fn neutral_perturbation_is_the_deterministic_run() {
+    let job = small_job(4, 2, 2, 32);
+    let base = run(&job, None);
+    let same = run(
+        &job,
+        Some(Perturbation {
+            rank_factor: vec![1.0; 32],
+            ..Perturbation::default()
+        }),
+    );
+    assert_eq!(base.summary, same.summary);
+    assert_eq!(base.ranks, same.ranks);
+}
+
+/// Every kernel 10% slower on every GPU: each rank's kernel time grows by exactly 10% (up to
+/// one picosecond of rounding per kernel).
+#[test]
+fn uniform_slowdown_scales_compute_exactly() {
+    let job = small_job(2, 2, 2, 16);
+    let base = run(&job, None);
+    let slow = run(
+        &job,
+        Some(Perturbation {
+            rank_factor: vec![1.1; 16],
+            ..Perturbation::default()
+        }),
+    );
+    let ops = base.graph.program_of(0).len() as f64;
+    for (a, b) in base.ranks.iter().zip(&slow.ranks) {
+        assert!(
+            (b.compute_s - 1.1 * a.compute_s).abs() <= ops * 1e-12,
+            "{} vs {}",
+            b.compute_s,
+            1.1 * a.compute_s
+        );
+    }
+    assert!(slow.summary.iteration_time_s > base.summary.iteration_time_s);
+}
+
+/// Slowing one GPU never speeds the iteration up, and a synchronous job waits for it: the
+/// iteration grows with the slowdown.
+#[test]
+fn one_slow_gpu_slows_everyone() {
+    let job = small_job(2, 2, 2, 16);
+    let base = run(&job, None).summary.iteration_time_s;
+    let mut prev = base;
+    for f in [1.05, 1.2, 1.5, 2.0] {
+        let mut rf = vec![1.0; 16];
+        rf[5] = f;
+        let t = run(
+            &job,
+            Some(Perturbation {
+                rank_factor: rf,
+                ..Perturbation::default()
+            }),
+        )
+        .summary
+        .iteration_time_s;
+        assert!(t >= prev, "factor {f}: {t} < {prev}");
+        prev = t;
+    }
+    assert!(prev > 1.3 * base);
+}
+
+/// Congestion multiplies communication: a slower regime never shortens the iteration.
+#[test]
+fn comm_regime_is_monotone() {
+    let job = small_job(4, 2, 2, 32);
+    let mut prev = 0.0;
+    for f in [0.5, 1.0, 1.5, 3.0] {
+        let t = run(
+            &job,
+            Some(Perturbation {
+                comm_factor: f,
+                ..Perturbation::default()
+            }),
+        )
+        .summary
+        .iteration_time_s;
+        assert!(t >= prev);
+        prev = t;
+    }
+}
+
+/// Jitter draws are a pure function of the seed: same seed, same iteration; another seed,
+/// another iteration; and perturbed runs refuse the reduced mode (symmetry is broken).
+#[test]
+fn jitter_is_seeded_and_needs_the_full_mode() {
+    let job = small_job(2, 2, 2, 16);
+    let p = |seed| Perturbation {
+        jitter: vec![(
+            Some(OpClass::Gemm),
+            Dist::LogNormal {
+                mu: 0.0,
+                sigma: 0.05,
+            },
+        )],
+        seed,
+        ..Perturbation::default()
+    };
+    let a = run(&job, Some(p(1))).summary;
+    let b = run(&job, Some(p(1))).summary;
+    let c = run(&job, Some(p(2))).summary;
+    assert_eq!(a, b);
+    assert_ne!(a.iteration_time_s, c.iteration_time_s);
+    let reduced = simulate(
+        &job,
+        &SimOptions {
+            mode: Mode::Reduced,
+            perturbation: Some(p(1)),
+            ..SimOptions::default()
+        },
+    );
+    assert!(reduced.is_err());
+}
