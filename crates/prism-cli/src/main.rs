@@ -40,6 +40,9 @@ enum Command {
     Predict(predict::PredictArgs),
     /// Fit Normal, Gamma and LogNormal distributions to measured durations (KS selection).
     Fit(fit::FitArgs),
+    /// Search the parallel layouts (tp, pp, dp, cp, vpp, micro-batch, recompute, distributed
+    /// optimizer) of a job for the fastest that fits in memory; rank by mean, p95 or p99.
+    Explore(explore::ExploreArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -86,6 +89,7 @@ struct SimulateArgs {
 
 mod bench;
 mod calibrate;
+mod explore;
 mod fit;
 mod predict;
 mod profile;
@@ -105,6 +109,7 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Predict(args) => predict::run(&args),
         Command::Fit(args) => fit::run(&args),
+        Command::Explore(args) => explore::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -50,6 +50,9 @@ pub struct PredictArgs {
     /// Simulate even when a stage does not fit in GPU memory.
     #[arg(long)]
     allow_oom: bool,
+    /// Write an SVG of the step-time and training-time CDFs with the guarantee marked.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
 }
 
 fn op_class(name: &str) -> Option<OpClass> {
@@ -71,7 +74,7 @@ fn op_class(name: &str) -> Option<OpClass> {
 }
 
 /// Draws the perturbation of Monte Carlo sample `i`.
-fn draw(job: &Job, v: &Variability, seed: u64, i: u64) -> Perturbation {
+pub(crate) fn draw(job: &Job, v: &Variability, seed: u64, i: u64) -> Perturbation {
     let n = job.num_gpus() as usize;
     let mut rng = stats::stream_rng(seed, &[1, i]);
     let rank_factor = match &v.gpu_speed {
@@ -144,7 +147,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     bar.set_prefix("predict");
-    let mut steps: Vec<f64> = (0..args.samples as u64)
+    let sample_steps: Vec<f64> = (0..args.samples as u64)
         .into_par_iter()
         .map(|i| {
             let opts = SimOptions {
@@ -159,8 +162,12 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         .collect::<Result<Vec<f64>, _>>()
         .context("simulation failed")?;
     bar.finish_and_clear();
+    let mut steps = sample_steps.clone();
     steps.sort_by(f64::total_cmp);
     let step = stats::summarize(&steps);
+    // --- p95 critical-path attribution (begin) ---
+    let p95_attr = p95_attribution(job, v, seed, &sample_steps, step.p95)?;
+    // --- p95 critical-path attribution (end) ---
     // Whole runs.
     let iterations = (args.tokens / job.tokens_per_iteration() as f64).ceil() as u64;
     // A run is played out in blocks of `block` iterations, each the exact sum of `block`
@@ -195,6 +202,35 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         / outcomes.len() as f64;
     let guarantee = stats::guarantee(&totals, args.quantile, args.confidence);
     let step_guarantee = stats::guarantee(&steps, args.quantile, args.confidence);
+    if let Some(path) = &args.plot {
+        let days: Vec<f64> = totals.iter().map(|t| t / 86400.0).collect();
+        let mark = |t: Option<f64>, unit: &str, scale: f64| {
+            t.map(|t| {
+                (
+                    t / scale,
+                    args.quantile,
+                    format!("P(T <= {:.3} {unit}) >= {}", t / scale, args.quantile),
+                )
+            })
+        };
+        let svg = prism_io::plot::cdfs_svg(&[
+            prism_io::plot::CdfPanel {
+                title: "step time",
+                x_label: "seconds",
+                sorted: &steps,
+                mark: mark(step_guarantee, "s", 1.0),
+            },
+            prism_io::plot::CdfPanel {
+                title: "training time",
+                x_label: "days",
+                sorted: &days,
+                mark: mark(guarantee, "days", 86400.0),
+            },
+        ])
+        .map_err(anyhow::Error::msg)?;
+        std::fs::write(path, svg)
+            .with_context(|| format!("cannot write plot {}", path.display()))?;
+    }
     let day = 86400.0;
     if args.json {
         let s5 = |s: &stats::Summary5, scale: f64| serde_json::json!({"mean": s.mean / scale, "p50": s.p50 / scale, "p90": s.p90 / scale, "p95": s.p95 / scale, "p99": s.p99 / scale, "min": s.min / scale, "max": s.max / scale});
@@ -207,6 +243,8 @@ pub fn run(args: &PredictArgs) -> Result<()> {
             "effective_training_time_ratio": ratio,
             "guarantee": {"quantile": args.quantile, "confidence": args.confidence,
                           "training_time_days": guarantee.map(|t| t / day), "step_time_s": step_guarantee},
+            "p95_attribution": p95_attr.json(),
+            "p95_attribution_sample": p95_attr.meta_json(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -252,5 +290,148 @@ pub fn run(args: &PredictArgs) -> Result<()> {
             args.quantile
         ),
     }
+    p95_attr.print();
     Ok(())
 }
+
+// --- p95 critical-path attribution (begin) ---
+
+/// Entries printed and put in the JSON.
+const TOP_CONTRIBUTORS: usize = 10;
+
+/// The critical-path attribution of the Monte Carlo sample at the p95 step time.
+struct P95Attribution {
+    /// Sample index and its step time.
+    sample: u64,
+    step_s: f64,
+    /// True when every rank was recorded (else one DP replica per stage).
+    all_ranks: bool,
+    attr: prism_core::attribution::Attribution,
+}
+
+/// Re-simulates the sample whose step time is the smallest at or above `p95` (the first such
+/// sample on ties), with the same perturbation, recording every rank for jobs of up to 4096
+/// GPUs; larger jobs record the ranks of the first data-parallel replica of every stage (all
+/// its tp x cp ranks), so the path is followed across stages and tensor/context groups but
+/// waits on a straggler outside that replica are charged to the collective it delays.
+fn p95_attribution(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    samples: &[f64],
+    p95: f64,
+) -> Result<P95Attribution> {
+    let (i, &step_s) = samples
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t >= p95)
+        .min_by(|a, b| a.1.total_cmp(b.1).then(a.0.cmp(&b.0)))
+        .or_else(|| samples.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)))
+        .context("no step-time samples")?;
+    let n = job.num_gpus() as u32;
+    let all_ranks = n <= 4096;
+    let record_ranks: Vec<u32> = if all_ranks {
+        (0..n).collect()
+    } else {
+        let l = prism_core::layout::Layout::new(job);
+        (0..l.pp)
+            .flat_map(|pp| {
+                (0..l.cp).flat_map(move |cp| {
+                    (0..l.tp).map(move |tp| l.rank(prism_core::layout::Coord { tp, cp, dp: 0, pp }))
+                })
+            })
+            .collect()
+    };
+    let opts = SimOptions {
+        mode: Mode::Full,
+        perturbation: Some(draw(job, v, seed, i as u64)),
+        record_ranks,
+        ..SimOptions::default()
+    };
+    let r = prism_core::simulate(job, &opts).context("p95 re-simulation failed")?;
+    Ok(P95Attribution {
+        sample: i as u64,
+        step_s,
+        all_ranks,
+        attr: prism_core::attribution::critical_path(&r),
+    })
+}
+
+impl P95Attribution {
+    /// The top ops and collectives (kind: their class), then the top ranks (kind "rank").
+    fn top(&self) -> Vec<(String, String, f64)> {
+        let ops = self
+            .attr
+            .by_op
+            .iter()
+            .take(TOP_CONTRIBUTORS)
+            .map(|(name, t)| {
+                let class = self.attr.class_of.get(name).cloned().unwrap_or_default();
+                (name.clone(), class, *t)
+            });
+        let ranks = self
+            .attr
+            .by_rank
+            .iter()
+            .take(TOP_CONTRIBUTORS)
+            .map(|(r, t)| (format!("rank {r}"), "rank".to_string(), *t));
+        ops.chain(ranks).collect()
+    }
+
+    fn share(&self, t: f64) -> f64 {
+        if self.attr.path_s > 0.0 {
+            t / self.attr.path_s
+        } else {
+            0.0
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::Value::Array(
+            self.top()
+                .into_iter()
+                .map(|(name, kind, t)| {
+                    serde_json::json!({"name": name, "kind": kind, "seconds": t, "share": self.share(t)})
+                })
+                .collect(),
+        )
+    }
+
+    fn meta_json(&self) -> serde_json::Value {
+        serde_json::json!({"sample": self.sample, "step_time_s": self.step_s,
+                           "path_s": self.attr.path_s, "wait_s": self.attr.wait_s,
+                           "all_ranks_recorded": self.all_ranks})
+    }
+
+    fn print(&self) {
+        println!();
+        println!(
+            "  top {TOP_CONTRIBUTORS} contributors to the p95 step (critical path): sample {}, step {:.3} s, path {:.3} s{}",
+            self.sample,
+            self.step_s,
+            self.attr.path_s,
+            if self.all_ranks {
+                ""
+            } else {
+                " (first DP replica of every stage recorded)"
+            }
+        );
+        let rows = self.top();
+        let (ops, ranks): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.1 != "rank");
+        for (name, kind, t) in ops {
+            println!(
+                "    {:<28} {:<12} {:>9.4} s  {:>5.1}%",
+                name,
+                kind,
+                t,
+                100.0 * self.share(*t)
+            );
+        }
+        let ranks: Vec<String> = ranks
+            .iter()
+            .map(|(name, _, t)| format!("{name} {:.1}%", 100.0 * self.share(*t)))
+            .collect();
+        println!("    by rank: {}", ranks.join(", "));
+    }
+}
+// --- p95 critical-path attribution (end) ---

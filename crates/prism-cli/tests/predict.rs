@@ -92,6 +92,11 @@ fn variability_spreads_and_is_seeded() {
         .as_f64()
         .expect("guarantee with 400 runs");
     assert!(g >= a["training_time_days"]["p50"].as_f64().unwrap());
+    // The p95 step is attributed along its critical path; the parts sum to that step's path.
+    let attr = a["p95_attribution"].as_array().expect("p95_attribution");
+    assert!(!attr.is_empty());
+    let sample = &a["p95_attribution_sample"];
+    assert!(sample["step_time_s"].as_f64().unwrap() >= s["p90"].as_f64().unwrap());
     let gpus = a["num_gpus"].as_f64().unwrap();
     let mean_h = a["training_time_days"]["mean"].as_f64().unwrap() * 24.0;
     let expect = 2e-5 * gpus * mean_h;

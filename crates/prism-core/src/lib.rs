@@ -27,6 +27,7 @@
 //! ```
 //!
 
+pub mod attribution;
 pub mod cost;
 pub mod engine;
 pub mod flops;

@@ -126,3 +126,108 @@ mod tests {
         assert!(svg.contains("y = x"));
     }
 }
+
+/// One empirical CDF panel: sorted samples, axis label, and an optional marked point
+/// `(t, q, label)` drawn as a cross-hair (the guarantee `P(T <= t) >= q`).
+#[derive(Clone, Debug)]
+pub struct CdfPanel<'a> {
+    /// Panel title.
+    pub title: &'a str,
+    /// X axis label (with unit).
+    pub x_label: &'a str,
+    /// Samples in ascending order.
+    pub sorted: &'a [f64],
+    /// Marked point.
+    pub mark: Option<(f64, f64, String)>,
+}
+
+/// Renders empirical CDFs side by side as SVG text.
+pub fn cdfs_svg(panels: &[CdfPanel<'_>]) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let width = 520 * panels.len().max(1) as u32;
+        let root = SVGBackend::with_string(&mut svg, (width, 440)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let areas = root.split_evenly((1, panels.len().max(1)));
+        for (panel, area) in panels.iter().zip(areas.iter()) {
+            let xs = panel.sorted;
+            let (lo, hi) = match (xs.first(), xs.last()) {
+                (Some(&a), Some(&b)) if b > a => (a - 0.05 * (b - a), b + 0.05 * (b - a)),
+                (Some(&a), _) => (a * 0.99 - 1e-9, a * 1.01 + 1e-9),
+                _ => (0.0, 1.0),
+            };
+            let mut chart = ChartBuilder::on(area)
+                .caption(panel.title, ("sans-serif", 18))
+                .margin(15)
+                .x_label_area_size(40)
+                .y_label_area_size(50)
+                .build_cartesian_2d(lo..hi, 0.0..1.0)
+                .map_err(|e| e.to_string())?;
+            chart
+                .configure_mesh()
+                .x_desc(panel.x_label)
+                .y_desc("P(T <= t)")
+                .draw()
+                .map_err(|e| e.to_string())?;
+            let n = xs.len().max(1) as f64;
+            let steps = xs
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &x)| [(x, i as f64 / n), (x, (i + 1) as f64 / n)]);
+            chart
+                .draw_series(LineSeries::new(steps, COLORS[0].stroke_width(2)))
+                .map_err(|e| e.to_string())?;
+            if let Some((t, q, label)) = &panel.mark {
+                let red = COLORS[3];
+                chart
+                    .draw_series(LineSeries::new(
+                        [(lo, *q), (*t, *q), (*t, 0.0)],
+                        red.stroke_width(1),
+                    ))
+                    .map_err(|e| e.to_string())?
+                    .label(label.as_str())
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], red));
+                chart
+                    .configure_series_labels()
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .position(SeriesLabelPosition::UpperLeft)
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod cdf_tests {
+    use super::*;
+
+    #[test]
+    fn cdf_panels_render_with_mark() {
+        let a: Vec<f64> = (1..=100).map(|i| i as f64).collect();
+        let b = vec![5.0, 6.0, 7.0];
+        let svg = cdfs_svg(&[
+            CdfPanel {
+                title: "step",
+                x_label: "s",
+                sorted: &a,
+                mark: Some((95.0, 0.95, "P(T <= 95) >= 0.95".into())),
+            },
+            CdfPanel {
+                title: "run",
+                x_label: "days",
+                sorted: &b,
+                mark: None,
+            },
+        ])
+        .unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("P(T &lt;= 95) &gt;= 0.95") || svg.contains("P(T <= 95) >= 0.95"));
+        // Two CDF staircases and the guarantee's cross-hair, besides the grid.
+        assert!(svg.matches("<polyline").count() >= 3);
+        assert!(svg.contains("P(T &lt;= t)") || svg.contains("P(T <= t)"));
+    }
+}

@@ -1,0 +1,739 @@
+//! `prism explore`: searches the parallel layouts of a job for the fastest one.
+//!
+//! 1. Enumerate every (tp, pp, dp, cp, vpp, micro_batch, recompute, distributed_optimizer) for
+//!    the job's model on its GPU count (or `--gpus`), global batch fixed; keep those that pass
+//!    [`Job::validate`] and fit in GPU memory ([`memory::peak_memory`]). The job's own layout is
+//!    always a candidate.
+//! 2. Simulate each feasible candidate once, deterministically (`Mode::Reduced`, falling back to
+//!    `Mode::Full` for asymmetric placements), in parallel.
+//! 3. With `--samples K` and a `[variability]` section, run K Monte Carlo iterations (every rank,
+//!    perturbed as in `prism predict`) for the 10 fastest candidates.
+//! 4. Rank by the objective (mean, p95 or p99 iteration time) and report.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use prism_core::cost::compute::KernelTable;
+use prism_core::engine::{Mode, SimError, SimOptions};
+use prism_core::job::{Job, Parallel, Recompute, Schedule};
+use prism_core::memory;
+use prism_core::stats;
+use prism_core::variability::Variability;
+use prism_io::report_json::{recompute_name, schedule_name};
+use serde_json::{Value, json};
+
+/// Candidates sampled with Monte Carlo (the fastest by deterministic time).
+const SAMPLED_CANDIDATES: usize = 10;
+
+#[derive(Debug, clap::Args)]
+pub struct ExploreArgs {
+    /// Job file (default: the embedded example).
+    job: Option<PathBuf>,
+    /// Override a job key (repeatable).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    sets: Vec<String>,
+    /// Search for this GPU count instead of the job's (sets cluster.nodes = N / gpus_per_node).
+    #[arg(long)]
+    gpus: Option<u64>,
+    /// What to minimise: mean, p95 or p99 iteration time (p95/p99 need --samples and a
+    /// [variability] section; without them every quantile equals the deterministic time).
+    #[arg(long, value_enum, default_value_t = Objective::Mean)]
+    objective: Objective,
+    /// Monte Carlo iterations for each of the 10 fastest candidates (0: deterministic only).
+    #[arg(long, default_value_t = 0)]
+    samples: usize,
+    /// Rows to report (0: all).
+    #[arg(long, default_value_t = 20)]
+    top: usize,
+    /// Most feasible candidates to simulate; above it the search stops with an error.
+    #[arg(long, default_value_t = 5000)]
+    max_candidates: usize,
+    /// Seed of the Monte Carlo draws (default: `[variability] seed`, else 1).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Objective {
+    Mean,
+    P95,
+    P99,
+}
+
+impl Objective {
+    fn name(self) -> &'static str {
+        match self {
+            Objective::Mean => "mean",
+            Objective::P95 => "p95",
+            Objective::P99 => "p99",
+        }
+    }
+}
+
+/// Monte Carlo statistics of one candidate.
+#[derive(Clone, Copy, Debug)]
+struct Sampled {
+    mean: f64,
+    p50: f64,
+    p95: f64,
+    p99: f64,
+}
+
+/// One evaluated candidate.
+#[derive(Clone, Debug)]
+struct Evaluated {
+    job: Job,
+    /// The layout the job file describes.
+    is_job_config: bool,
+    iteration_s: f64,
+    mfu: f64,
+    tokens_per_s: f64,
+    peak_bytes: u64,
+    sampled: Option<Sampled>,
+}
+
+impl Evaluated {
+    /// Value of the objective: the sample statistic when sampled, else the deterministic time.
+    fn objective(&self, o: Objective) -> f64 {
+        match (self.sampled, o) {
+            (None, _) => self.iteration_s,
+            (Some(s), Objective::Mean) => s.mean,
+            (Some(s), Objective::P95) => s.p95,
+            (Some(s), Objective::P99) => s.p99,
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        self.sampled.map_or(self.iteration_s, |s| s.mean)
+    }
+
+    fn p99(&self) -> f64 {
+        self.sampled.map_or(self.iteration_s, |s| s.p99)
+    }
+}
+
+/// Counts of the enumeration.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    enumerated: usize,
+    invalid: usize,
+    out_of_memory: usize,
+}
+
+fn divisors(n: u32) -> Vec<u32> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+/// Same layout (every field explore varies, plus the uneven split).
+fn same_layout(a: &Parallel, b: &Parallel) -> bool {
+    (
+        a.tp,
+        a.pp,
+        a.cp,
+        a.dp,
+        a.vpp,
+        a.micro_batch,
+        a.recompute,
+        a.distributed_optimizer,
+        a.schedule,
+        a.sequence_parallel,
+        a.first_stage_layers,
+        a.last_stage_layers,
+    ) == (
+        b.tp,
+        b.pp,
+        b.cp,
+        b.dp,
+        b.vpp,
+        b.micro_batch,
+        b.recompute,
+        b.distributed_optimizer,
+        b.schedule,
+        b.sequence_parallel,
+        b.first_stage_layers,
+        b.last_stage_layers,
+    )
+}
+
+/// Every candidate layout of `base` (validated or not), the job's own layout first.
+fn enumerate(base: &Job) -> Vec<Job> {
+    let m = &base.model;
+    let c = &base.cluster;
+    let gpus = c.num_gpus();
+    let bp = &base.parallel;
+    let gb = base.training.global_batch as u64;
+    // Pipeline splits: every even split, plus the job's uneven split at its own pp.
+    let mut splits: Vec<(u32, Option<u32>, Option<u32>)> = divisors(m.layers)
+        .into_iter()
+        .map(|pp| (pp, None, None))
+        .collect();
+    if bp.first_stage_layers.is_some() || bp.last_stage_layers.is_some() {
+        splits.push((bp.pp, bp.first_stage_layers, bp.last_stage_layers));
+    }
+    let tps: Vec<u32> = divisors(c.gpus_per_node)
+        .into_iter()
+        .filter(|&t| m.heads.is_multiple_of(t) && m.kv_heads.is_multiple_of(t))
+        .collect();
+    let cps: Vec<u32> = [1u32, 2, 4, 8]
+        .into_iter()
+        .filter(|&cp| cp == 1 || (m.seq_len / 2).is_multiple_of(cp))
+        .collect();
+    // Sequence parallelism: as the job file says for tp > 1 (default on).
+    let sp = |tp: u32| tp > 1 && (bp.tp == 1 || bp.sequence_parallel);
+    let mut out = vec![base.clone()];
+    for &tp in &tps {
+        for &(pp, first, last) in &splits {
+            let uneven = first.is_some() || last.is_some();
+            for &cp in &cps {
+                let mp = tp as u64 * pp as u64 * cp as u64;
+                if !gpus.is_multiple_of(mp) {
+                    continue;
+                }
+                let dp = gpus / mp;
+                for mb in [1u32, 2, 4] {
+                    let step = dp * mb as u64;
+                    if !gb.is_multiple_of(step) {
+                        continue;
+                    }
+                    let mbs = gb / step;
+                    for vpp in [1u32, 2, 4] {
+                        if vpp > 1
+                            && (uneven
+                                || pp < 2
+                                || !m.layers.is_multiple_of(pp * vpp)
+                                || !mbs.is_multiple_of(pp as u64))
+                        {
+                            continue;
+                        }
+                        for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
+                            for dist in [true, false] {
+                                let mut j = base.clone();
+                                let p = &mut j.parallel;
+                                p.tp = tp;
+                                p.pp = pp;
+                                p.cp = cp;
+                                p.dp = dp as u32;
+                                p.vpp = vpp;
+                                p.micro_batch = mb;
+                                p.recompute = recompute;
+                                p.distributed_optimizer = dist;
+                                p.sequence_parallel = sp(tp);
+                                p.schedule = if vpp > 1 {
+                                    Schedule::Interleaved
+                                } else {
+                                    Schedule::OneFOneB
+                                };
+                                p.first_stage_layers = first;
+                                p.last_stage_layers = last;
+                                if !same_layout(&j.parallel, bp) {
+                                    out.push(j);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Deterministic iteration of one candidate: reduced, or full where the placement is asymmetric.
+fn simulate_det(
+    job: &Job,
+    kernel_table: &Option<KernelTable>,
+) -> Result<prism_core::SimResult, SimError> {
+    let opts = SimOptions {
+        mode: Mode::Reduced,
+        kernel_table: kernel_table.clone(),
+        ..SimOptions::default()
+    };
+    match prism_core::simulate(job, &opts) {
+        Err(SimError::Asymmetric(_)) => prism_core::simulate(
+            job,
+            &SimOptions {
+                mode: Mode::Full,
+                ..opts
+            },
+        ),
+        r => r,
+    }
+}
+
+fn progress(len: usize, prefix: &'static str, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len as u64).with_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {what} {{elapsed}} (eta {{eta}})"
+        ))
+        .expect("template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(prefix);
+    bar
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+pub fn run(args: &ExploreArgs) -> Result<()> {
+    use rayon::prelude::*;
+    if args.samples > 100_000 {
+        bail!("--samples must be at most 100000");
+    }
+    if args.max_candidates == 0 {
+        bail!("--max-candidates must be at least 1");
+    }
+    let loaded = match &args.job {
+        Some(p) => prism_io::jobfile::load_job_file(p, &args.sets)?,
+        None => prism_io::jobfile::default_job(&args.sets)?,
+    };
+    let mut base = loaded.job.clone();
+    if let Some(n) = args.gpus {
+        let per = base.cluster.gpus_per_node as u64;
+        if n == 0 || !n.is_multiple_of(per) {
+            bail!(
+                "--gpus {n} must be a positive multiple of cluster.gpus_per_node ({per}): whole nodes only"
+            );
+        }
+        base.cluster.nodes = u32::try_from(n / per).context("--gpus: too many nodes")?;
+        // The job's own layout may not fit the new count; it stays a candidate and is
+        // filtered like any other.
+        let mp = base.parallel.tp as u64 * base.parallel.pp as u64 * base.parallel.cp as u64;
+        if n.is_multiple_of(mp) {
+            base.parallel.dp = (n / mp) as u32;
+        }
+    }
+    let kernel_table = match &loaded.kernel_table {
+        Some(path) => Some(prism_io::kernel_table::read_kernel_table(path)?),
+        None => None,
+    };
+    // 1. Enumerate and filter.
+    let capacity = base.cluster.gpu.hbm_gib * GIB;
+    let all = enumerate(&base);
+    let mut counts = Counts {
+        enumerated: all.len(),
+        ..Counts::default()
+    };
+    let mut feasible: Vec<(Job, u64, bool)> = Vec::new();
+    for (i, j) in all.into_iter().enumerate() {
+        if j.validate().is_err() {
+            counts.invalid += 1;
+            continue;
+        }
+        let peak = memory::peak_memory(&j).1.total();
+        if peak as f64 > capacity {
+            counts.out_of_memory += 1;
+            continue;
+        }
+        feasible.push((j, peak, i == 0));
+    }
+    if feasible.is_empty() {
+        bail!(
+            "no feasible layout: {} enumerated, {} break a job rule, {} do not fit in {:.0} GiB per GPU",
+            counts.enumerated,
+            counts.invalid,
+            counts.out_of_memory,
+            base.cluster.gpu.hbm_gib
+        );
+    }
+    if feasible.len() > args.max_candidates {
+        bail!(
+            "{} feasible layouts exceed --max-candidates {}; raise it, or narrow the search (fewer GPUs)",
+            feasible.len(),
+            args.max_candidates
+        );
+    }
+    // 2. Deterministic simulation of every candidate.
+    let bar = progress(feasible.len(), "explore", "layouts");
+    let mut evaluated: Vec<Evaluated> = feasible
+        .into_par_iter()
+        .map(|(job, peak_bytes, is_job_config)| {
+            let r = simulate_det(&job, &kernel_table);
+            bar.inc(1);
+            let r = r.with_context(|| {
+                let p = &job.parallel;
+                format!(
+                    "simulation failed for tp {} pp {} cp {} dp {} vpp {} micro-batch {}",
+                    p.tp, p.pp, p.cp, p.dp, p.vpp, p.micro_batch
+                )
+            })?;
+            let s = &r.summary;
+            Ok(Evaluated {
+                iteration_s: s.iteration_time_s,
+                mfu: s.mfu,
+                tokens_per_s: s.tokens_per_s,
+                peak_bytes,
+                is_job_config,
+                sampled: None,
+                job,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    bar.finish_and_clear();
+    // Stable sort: ties keep enumeration order, so the output is deterministic.
+    evaluated.sort_by(|a, b| a.iteration_s.total_cmp(&b.iteration_s));
+    // 3. Monte Carlo for the fastest candidates.
+    let v = &loaded.variability;
+    let has_variability = *v != Variability::default();
+    let seed = args.seed.or(loaded.variability_seed).unwrap_or(1);
+    let sampled = args.samples > 0 && has_variability;
+    if args.samples > 0 && !has_variability && !args.json {
+        eprintln!(
+            "note: the job has no [variability] section, so every sample would equal the \
+             deterministic time; --samples ignored"
+        );
+    }
+    if sampled {
+        let k = evaluated.len().min(SAMPLED_CANDIDATES);
+        let work: Vec<(usize, u64)> = (0..k)
+            .flat_map(|c| (0..args.samples as u64).map(move |i| (c, i)))
+            .collect();
+        let bar = progress(work.len(), "explore", "Monte Carlo iterations");
+        let times: Vec<f64> = work
+            .par_iter()
+            .map(|&(c, i)| {
+                let job = &evaluated[c].job;
+                let opts = SimOptions {
+                    mode: Mode::Full,
+                    kernel_table: kernel_table.clone(),
+                    perturbation: Some(crate::predict::draw(job, v, seed, i)),
+                    ..SimOptions::default()
+                };
+                let r = prism_core::simulate(job, &opts).map(|r| r.summary.iteration_time_s);
+                bar.inc(1);
+                r
+            })
+            .collect::<Result<Vec<f64>, _>>()
+            .context("Monte Carlo simulation failed")?;
+        bar.finish_and_clear();
+        for (c, chunk) in times.chunks(args.samples).enumerate() {
+            let mut sorted = chunk.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            let s = stats::summarize(&sorted);
+            evaluated[c].sampled = Some(Sampled {
+                mean: s.mean,
+                p50: s.p50,
+                p95: s.p95,
+                p99: s.p99,
+            });
+        }
+    }
+    // 4. Rank: sampled candidates by the objective, then the rest by deterministic time.
+    let objective = args.objective;
+    evaluated.sort_by(|a, b| {
+        b.sampled
+            .is_some()
+            .cmp(&a.sampled.is_some())
+            .then(a.objective(objective).total_cmp(&b.objective(objective)))
+    });
+    let feasible_count = evaluated.len();
+    let shown = if args.top == 0 {
+        evaluated.len()
+    } else {
+        args.top.min(evaluated.len())
+    };
+    let inversions = if sampled {
+        p99_inversions(&evaluated)
+    } else {
+        Vec::new()
+    };
+    if args.json {
+        let ranking: Vec<Value> = evaluated[..shown]
+            .iter()
+            .enumerate()
+            .map(|(i, e)| candidate_json(i + 1, e, objective))
+            .collect();
+        let inv: Vec<Value> = inversions
+            .iter()
+            .map(|x| {
+                json!({"faster_on_average": x.a + 1, "faster_at_p99": x.b + 1,
+                       "mean_gain_pct": x.mean_gain_pct, "p99_loss_pct": x.p99_loss_pct})
+            })
+            .collect();
+        let out = json!({
+            "name": base.name,
+            "num_gpus": base.num_gpus(),
+            "global_batch": base.training.global_batch,
+            "objective": objective.name(),
+            "samples": if sampled { args.samples } else { 0 },
+            "seed": seed,
+            "candidates_evaluated": counts.enumerated,
+            "rejected_invalid": counts.invalid,
+            "rejected_out_of_memory": counts.out_of_memory,
+            "feasible": feasible_count,
+            "ranking": ranking,
+            "p99_inversions": inv,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    print_table(
+        &base,
+        &loaded.source,
+        counts,
+        &evaluated[..shown],
+        feasible_count,
+        objective,
+        sampled.then_some(args.samples),
+    );
+    if !inversions.is_empty() {
+        println!();
+        println!("  where the p99 ranking differs from the mean ranking:");
+        for x in inversions.iter().take(10) {
+            println!(
+                "    configuration #{} ({}) is {:.1}% faster on average but {:.1}% slower at p99 than #{} ({})",
+                x.a + 1,
+                label(&evaluated[x.a].job),
+                x.mean_gain_pct,
+                x.p99_loss_pct,
+                x.b + 1,
+                label(&evaluated[x.b].job),
+            );
+        }
+        if inversions.len() > 10 {
+            println!("    ... and {} more (see --json)", inversions.len() - 10);
+        }
+    }
+    Ok(())
+}
+
+/// A pair of sampled candidates (indices into the ranking) where `a` has the lower mean but
+/// the higher p99.
+struct Inversion {
+    a: usize,
+    b: usize,
+    mean_gain_pct: f64,
+    p99_loss_pct: f64,
+}
+
+fn p99_inversions(ranked: &[Evaluated]) -> Vec<Inversion> {
+    let idx: Vec<usize> = (0..ranked.len())
+        .filter(|&i| ranked[i].sampled.is_some())
+        .collect();
+    let mut out = Vec::new();
+    for &a in &idx {
+        for &b in &idx {
+            let (ea, eb) = (&ranked[a], &ranked[b]);
+            if ea.mean() < eb.mean() && ea.p99() > eb.p99() {
+                out.push(Inversion {
+                    a,
+                    b,
+                    mean_gain_pct: 100.0 * (eb.mean() / ea.mean() - 1.0),
+                    p99_loss_pct: 100.0 * (ea.p99() / eb.p99() - 1.0),
+                });
+            }
+        }
+    }
+    out.sort_by_key(|x| (x.a, x.b));
+    out
+}
+
+fn label(job: &Job) -> String {
+    let p = &job.parallel;
+    format!(
+        "tp {} pp {} dp {} cp {} vpp {} mb {} recompute {} dist-opt {}",
+        p.tp,
+        p.pp,
+        p.dp,
+        p.cp,
+        p.vpp,
+        p.micro_batch,
+        recompute_name(p.recompute),
+        if p.distributed_optimizer { "on" } else { "off" }
+    )
+}
+
+/// `--set` arguments that select this layout in `prism simulate`.
+fn set_args(job: &Job) -> Vec<String> {
+    let p = &job.parallel;
+    vec![
+        format!("cluster.nodes={}", job.cluster.nodes),
+        format!("parallel.tp={}", p.tp),
+        format!("parallel.pp={}", p.pp),
+        format!("parallel.cp={}", p.cp),
+        format!("parallel.dp={}", p.dp),
+        format!("parallel.vpp={}", p.vpp),
+        format!("parallel.micro_batch={}", p.micro_batch),
+        format!("parallel.recompute={}", recompute_name(p.recompute)),
+        format!("parallel.distributed_optimizer={}", p.distributed_optimizer),
+        format!("parallel.sequence_parallel={}", p.sequence_parallel),
+        format!("parallel.schedule={}", schedule_name(p.schedule)),
+    ]
+}
+
+fn candidate_json(rank: usize, e: &Evaluated, objective: Objective) -> Value {
+    let p = &e.job.parallel;
+    let mut v = json!({
+        "rank": rank,
+        "tp": p.tp,
+        "pp": p.pp,
+        "dp": p.dp,
+        "cp": p.cp,
+        "ep": p.ep,
+        "vpp": p.vpp,
+        "micro_batch": p.micro_batch,
+        "micro_batches": e.job.micro_batches(),
+        "schedule": schedule_name(p.schedule),
+        "recompute": recompute_name(p.recompute),
+        "distributed_optimizer": p.distributed_optimizer,
+        "sequence_parallel": p.sequence_parallel,
+        "first_stage_layers": p.first_stage_layers,
+        "last_stage_layers": p.last_stage_layers,
+        "iteration_time_s": e.iteration_s,
+        "tokens_per_s": e.tokens_per_s,
+        "mfu": e.mfu,
+        "peak_memory_bytes": e.peak_bytes,
+        "peak_memory_gib": e.peak_bytes as f64 / GIB,
+        "objective_s": e.objective(objective),
+        "is_job_config": e.is_job_config,
+        "set": set_args(&e.job),
+    });
+    if let Some(s) = e.sampled {
+        v["sampled"] = json!({"mean": s.mean, "p50": s.p50, "p95": s.p95, "p99": s.p99});
+    }
+    v
+}
+
+fn print_table(
+    base: &Job,
+    source: &str,
+    counts: Counts,
+    rows: &[Evaluated],
+    feasible: usize,
+    objective: Objective,
+    samples: Option<usize>,
+) {
+    println!("Prism explore: {}  ({source})", base.name);
+    println!(
+        "  {} x {} GPUs ({} nodes), global batch {} x {} tokens; objective: {} iteration time{}",
+        base.num_gpus(),
+        base.cluster.gpu.name,
+        base.cluster.nodes,
+        base.training.global_batch,
+        base.model.seq_len,
+        objective.name(),
+        match samples {
+            Some(k) => format!(
+                " ({k} Monte Carlo iterations for the {} fastest)",
+                SAMPLED_CANDIDATES.min(feasible)
+            ),
+            None => " (deterministic)".into(),
+        }
+    );
+    println!(
+        "  {} layouts enumerated: {} break a job rule, {} do not fit in {:.0} GiB, {feasible} feasible and simulated",
+        counts.enumerated, counts.invalid, counts.out_of_memory, base.cluster.gpu.hbm_gib
+    );
+    println!();
+    let q = samples.is_some();
+    print!(
+        "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>9} {:>8} {:>11} {:>6} {:>8}",
+        "rank",
+        "tp",
+        "pp",
+        "dp",
+        "cp",
+        "vpp",
+        "mb",
+        "recompute",
+        "dist-opt",
+        "iteration s",
+        "MFU",
+        "mem GiB"
+    );
+    if q {
+        print!(" {:>8} {:>8} {:>8}", "mean s", "p95 s", "p99 s");
+    }
+    println!();
+    for (i, e) in rows.iter().enumerate() {
+        let p = &e.job.parallel;
+        print!(
+            "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>9} {:>8} {:>11.4} {:>5.1}% {:>8.1}",
+            i + 1,
+            p.tp,
+            p.pp,
+            p.dp,
+            p.cp,
+            p.vpp,
+            p.micro_batch,
+            recompute_name(p.recompute),
+            if p.distributed_optimizer { "on" } else { "off" },
+            e.iteration_s,
+            100.0 * e.mfu,
+            e.peak_bytes as f64 / GIB,
+        );
+        if q {
+            match e.sampled {
+                Some(s) => print!(" {:>8.4} {:>8.4} {:>8.4}", s.mean, s.p95, s.p99),
+                None => print!(" {:>8} {:>8} {:>8}", "-", "-", "-"),
+            }
+        }
+        if e.is_job_config {
+            print!("  <- job");
+        }
+        if p.first_stage_layers.is_some() || p.last_stage_layers.is_some() {
+            print!("  (uneven split)");
+        }
+        println!();
+    }
+    if !rows.iter().any(|e| e.is_job_config) {
+        println!("  (the job's own layout is not among these rows)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prism_core::job::fixtures::small_job;
+
+    fn cand(det: f64, mean: f64, p99: f64) -> Evaluated {
+        Evaluated {
+            job: small_job(2, 2, 2, 16),
+            is_job_config: false,
+            iteration_s: det,
+            mfu: 0.5,
+            tokens_per_s: 1.0,
+            peak_bytes: 0,
+            sampled: Some(Sampled {
+                mean,
+                p50: mean,
+                p95: p99,
+                p99,
+            }),
+        }
+    }
+
+    #[test]
+    fn inversions_compare_mean_and_p99() {
+        // #1 is 10% faster on average than #2 but 20% slower at p99; #3 is slower on both.
+        let ranked = [
+            cand(1.0, 1.0, 1.2),
+            cand(1.0, 1.1, 1.0),
+            cand(1.0, 2.0, 3.0),
+        ];
+        let inv = p99_inversions(&ranked);
+        assert_eq!(inv.len(), 1);
+        assert_eq!((inv[0].a, inv[0].b), (0, 1));
+        assert!((inv[0].mean_gain_pct - 10.0).abs() < 1e-9);
+        assert!((inv[0].p99_loss_pct - 20.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn enumeration_keeps_the_job_first_and_unique() {
+        let job = small_job(2, 2, 2, 16);
+        let all = enumerate(&job);
+        assert_eq!(all[0], job);
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert!(!same_layout(&a.parallel, &b.parallel));
+            }
+        }
+        // Interleaved only with pp >= 2 and vpp > 1.
+        assert!(
+            all.iter()
+                .all(|j| (j.parallel.schedule == Schedule::Interleaved) == (j.parallel.vpp > 1))
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! `prism explore`: search of parallel layouts.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_prism"))
+        .args(args)
+        .output()
+        .expect("run prism")
+}
+
+fn prism_text(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).expect("UTF-8")
+}
+
+fn prism(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&prism_text(args)).expect("JSON")
+}
+
+fn data(name: &str) -> String {
+    format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn sets(entry: &serde_json::Value) -> Vec<String> {
+    entry["set"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn f(v: &serde_json::Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+/// Every reported layout is a valid job of the same GPU count and batch that fits in memory.
+fn check_feasible(job: &str, extra: &[String], v: &serde_json::Value, gpus: u64) {
+    let ranking = v["ranking"].as_array().unwrap();
+    assert_eq!(ranking.len() as u64, v["feasible"].as_u64().unwrap());
+    for e in ranking {
+        let mut s: Vec<String> = extra.to_vec();
+        s.extend(sets(e));
+        let loaded = prism_io::jobfile::load_job_file(std::path::Path::new(job), &s)
+            .unwrap_or_else(|err| panic!("{e}: {err}"));
+        let j = &loaded.job;
+        j.validate().unwrap();
+        assert_eq!(j.num_gpus(), gpus);
+        assert_eq!(j.training.global_batch, 64);
+        let p = &j.parallel;
+        for (k, val) in [
+            ("tp", p.tp),
+            ("pp", p.pp),
+            ("cp", p.cp),
+            ("dp", p.dp),
+            ("vpp", p.vpp),
+            ("micro_batch", p.micro_batch),
+        ] {
+            assert_eq!(e[k].as_u64().unwrap(), val as u64, "{k} in {e}");
+        }
+        assert_eq!(p.tp * p.pp * p.cp * p.dp, gpus as u32);
+        let peak = prism_core::memory::peak_memory(j).1.total();
+        assert_eq!(peak, e["peak_memory_bytes"].as_u64().unwrap());
+        assert!(peak as f64 <= j.cluster.gpu.hbm_gib * (1u64 << 30) as f64);
+    }
+}
+
+fn assert_sorted(ranking: &[serde_json::Value], key: &str) {
+    for w in ranking.windows(2) {
+        assert!(f(&w[0], key) <= f(&w[1], key), "{} > {}", w[0], w[1]);
+    }
+}
+
+/// Deterministic search: valid, fitting, sorted, contains the job's own layout, and the best
+/// layout's time is what `prism simulate` reports for it.
+#[test]
+fn deterministic_search() {
+    let job = data("explore.toml");
+    let v = prism(&["explore", &job, "--top", "0", "--json"]);
+    assert_eq!(v["objective"], "mean");
+    assert!(v["feasible"].as_u64().unwrap() > 10);
+    assert!(v["candidates_evaluated"].as_u64().unwrap() >= v["feasible"].as_u64().unwrap());
+    check_feasible(&job, &[], &v, 16);
+    let ranking = v["ranking"].as_array().unwrap();
+    assert_sorted(ranking, "objective_s");
+    assert_sorted(ranking, "iteration_time_s");
+    for (i, e) in ranking.iter().enumerate() {
+        assert_eq!(e["rank"].as_u64().unwrap(), i as u64 + 1);
+        assert_eq!(f(e, "objective_s"), f(e, "iteration_time_s"));
+        assert!(e.get("sampled").is_none());
+    }
+    // The job's own layout (tp 2, pp 2, micro-batch 2) is there exactly once.
+    let own: Vec<_> = ranking
+        .iter()
+        .filter(|e| e["is_job_config"].as_bool().unwrap())
+        .collect();
+    assert_eq!(own.len(), 1);
+    assert_eq!(
+        (
+            own[0]["tp"].as_u64(),
+            own[0]["pp"].as_u64(),
+            own[0]["micro_batch"].as_u64()
+        ),
+        (Some(2), Some(2), Some(2))
+    );
+    // Best and own layouts equal `prism simulate` (every rank simulated) of that layout.
+    for e in [&ranking[0], own[0]] {
+        let mut args = vec!["simulate".to_string(), job.clone(), "--json".into()];
+        for s in sets(e) {
+            args.push("--set".into());
+            args.push(s);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let sim = prism(&args);
+        let (a, b) = (f(&sim, "iteration_time_s"), f(e, "iteration_time_s"));
+        assert!((a / b - 1.0).abs() < 1e-12, "simulate {a} vs explore {b}");
+        assert!((f(&sim, "mfu") / f(e, "mfu") - 1.0).abs() < 1e-12);
+        assert_eq!(sim["peak_memory_bytes"], e["peak_memory_bytes"]);
+    }
+    // --top limits the rows, keeping the order.
+    let top = prism(&["explore", &job, "--top", "5", "--json"]);
+    assert_eq!(top["ranking"].as_array().unwrap()[..], ranking[..5]);
+}
+
+/// Two runs give byte-identical JSON.
+#[test]
+fn deterministic_output() {
+    let job = data("explore.toml");
+    let args = ["explore", job.as_str(), "--top", "0", "--json"];
+    assert_eq!(prism_text(&args), prism_text(&args));
+}
+
+/// A smaller GPU memory rejects layouts; what is left fits.
+#[test]
+fn memory_filter() {
+    let job = data("explore.toml");
+    let extra = vec!["cluster.hbm_gib=20".to_string(), "cluster.nodes=1".into()];
+    let v = prism(&[
+        "explore", &job, "--set", &extra[0], "--gpus", "8", "--top", "0", "--json",
+    ]);
+    assert!(v["rejected_out_of_memory"].as_u64().unwrap() > 0);
+    check_feasible(&job, &extra, &v, 8);
+}
+
+/// `--gpus` changes the GPU count (whole nodes only).
+#[test]
+fn gpus_override() {
+    let job = data("explore.toml");
+    let v = prism(&["explore", &job, "--gpus", "8", "--top", "0", "--json"]);
+    assert_eq!(v["num_gpus"], 8);
+    check_feasible(&job, &["cluster.nodes=1".into()], &v, 8);
+    let o = run(&["explore", &job, "--gpus", "12"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--gpus 12"));
+}
+
+/// With a [variability] section and samples, the 10 fastest are sampled and ranked by p99
+/// ahead of the rest; runs repeat exactly.
+#[test]
+fn sampled_ranking() {
+    let base = std::fs::read_to_string(data("explore.toml")).unwrap();
+    let var = std::fs::read_to_string(data("variability.toml")).unwrap();
+    let section = &var[var.find("[variability]").unwrap()..];
+    let path = std::env::temp_dir().join(format!("prism-explore-var-{}.toml", std::process::id()));
+    std::fs::write(&path, format!("{base}\n{section}")).unwrap();
+    let p = path.to_str().unwrap();
+    let args = [
+        "explore",
+        p,
+        "--samples",
+        "6",
+        "--objective",
+        "p99",
+        "--top",
+        "0",
+        "--json",
+    ];
+    let text = prism_text(&args);
+    assert_eq!(text, prism_text(&args));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["objective"], "p99");
+    assert_eq!(v["samples"], 6);
+    let ranking = v["ranking"].as_array().unwrap();
+    let (sampled, rest) = ranking.split_at(10);
+    assert!(rest.iter().all(|e| e.get("sampled").is_none()));
+    assert_sorted(sampled, "objective_s");
+    assert_sorted(rest, "objective_s");
+    for e in sampled {
+        let s = &e["sampled"];
+        assert_eq!(f(e, "objective_s"), f(s, "p99"));
+        assert!(f(s, "p50") <= f(s, "p95") && f(s, "p95") <= f(s, "p99"));
+    }
+    // The sampled ones are the 10 fastest by deterministic time.
+    let slowest_sampled = sampled
+        .iter()
+        .map(|e| f(e, "iteration_time_s"))
+        .fold(0.0, f64::max);
+    assert!(
+        rest.iter()
+            .all(|e| f(e, "iteration_time_s") >= slowest_sampled)
+    );
+    // Inversions name a faster-on-average and a faster-at-p99 pair.
+    for x in v["p99_inversions"].as_array().unwrap() {
+        let a = &ranking[x["faster_on_average"].as_u64().unwrap() as usize - 1]["sampled"];
+        let b = &ranking[x["faster_at_p99"].as_u64().unwrap() as usize - 1]["sampled"];
+        assert!(f(a, "mean") < f(b, "mean") && f(a, "p99") > f(b, "p99"));
+    }
+    // The human table shows the sampled columns.
+    let table = prism_text(&["explore", p, "--samples", "6", "--objective", "p99"]);
+    assert!(table.contains("p99 s"), "{table}");
+    std::fs::remove_file(&path).ok();
+}
