@@ -32,6 +32,11 @@ pub struct PredictArgs {
     /// Monte Carlo step-time samples (each simulates every rank).
     #[arg(long, default_value_t = 200)]
     samples: usize,
+    /// Clusters the step samples are spread over: each cluster draws its GPUs' persistent speeds
+    /// once; run r trains on cluster r mod clusters with that cluster's step samples
+    /// (default: one cluster per 20 samples).
+    #[arg(long)]
+    clusters: Option<u64>,
     /// End-to-end run samples drawn from the step-time samples.
     #[arg(long, default_value_t = 1000)]
     runs: usize,
@@ -73,10 +78,23 @@ fn op_class(name: &str) -> Option<OpClass> {
     .find(|c| c.name() == name)
 }
 
-/// Draws the perturbation of Monte Carlo sample `i`.
+/// Draws the perturbation of Monte Carlo sample `i`, each sample on its own cluster.
 pub(crate) fn draw(job: &Job, v: &Variability, seed: u64, i: u64) -> Perturbation {
+    draw_in(job, v, seed, i, u64::MAX)
+}
+
+/// Draws the perturbation of sample `i` on cluster `i % clusters`: the persistent per-GPU
+/// speeds belong to the cluster (the same GPUs for every step of a run); kernel jitter and the
+/// communication regime are fresh for every iteration.
+pub(crate) fn draw_in(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    i: u64,
+    clusters: u64,
+) -> Perturbation {
     let n = job.num_gpus() as usize;
-    let mut rng = stats::stream_rng(seed, &[1, i]);
+    let mut rng = stats::stream_rng(seed, &[1, i % clusters.max(1)]);
     let rank_factor = match &v.gpu_speed {
         Some(g) => (0..n)
             .map(|_| {
@@ -102,6 +120,7 @@ pub(crate) fn draw(job: &Job, v: &Variability, seed: u64, i: u64) -> Perturbatio
             Some((class, j.factor.clone()))
         })
         .collect();
+    let mut rng = stats::stream_rng(seed, &[4, i]);
     let comm_factor = v
         .comm_regime
         .as_ref()
@@ -147,12 +166,16 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     bar.set_prefix("predict");
+    let clusters = args
+        .clusters
+        .unwrap_or((args.samples as u64 / 20).max(1))
+        .clamp(1, args.samples as u64);
     let sample_steps: Vec<f64> = (0..args.samples as u64)
         .into_par_iter()
         .map(|i| {
             let opts = SimOptions {
                 mode: Mode::Full,
-                perturbation: Some(draw(job, v, seed, i)),
+                perturbation: Some(draw_in(job, v, seed, i, clusters)),
                 ..SimOptions::default()
             };
             let r = prism_core::simulate(job, &opts).map(|r| r.summary.iteration_time_s);
@@ -166,7 +189,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     steps.sort_by(f64::total_cmp);
     let step = stats::summarize(&steps);
     // --- p95 critical-path attribution (begin) ---
-    let p95_attr = p95_attribution(job, v, seed, &sample_steps, step.p95)?;
+    let p95_attr = p95_attribution(job, v, seed, clusters, &sample_steps, step.p95)?;
     // --- p95 critical-path attribution (end) ---
     // Whole runs.
     let iterations = (args.tokens / job.tokens_per_iteration() as f64).ceil() as u64;
@@ -179,13 +202,24 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         failures: v.failures.clone(),
         fail_slow: v.fail_slow.clone(),
     };
+    // Step samples by cluster (sample i ran on cluster i mod clusters).
+    let by_cluster: Vec<Vec<f64>> = (0..clusters)
+        .map(|c| {
+            sample_steps
+                .iter()
+                .skip(c as usize)
+                .step_by(clusters as usize)
+                .copied()
+                .collect()
+        })
+        .collect();
     let outcomes: Vec<reliability::RunOutcome> = (0..args.runs as u64)
         .into_par_iter()
         .map(|r| {
             let mut rng = stats::stream_rng(seed, &[3, r]);
-            let one = |rng: &mut rand_xoshiro::Xoshiro256PlusPlus| {
-                steps[rng.random_range(0..steps.len())]
-            };
+            let own = &by_cluster[(r % clusters) as usize];
+            let one =
+                |rng: &mut rand_xoshiro::Xoshiro256PlusPlus| own[rng.random_range(0..own.len())];
             let mut sampler = reliability::exact_block(one, block);
             reliability::simulate_run(&mut sampler, &model, &mut rng)
         })
@@ -236,7 +270,8 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         let s5 = |s: &stats::Summary5, scale: f64| serde_json::json!({"mean": s.mean / scale, "p50": s.p50 / scale, "p90": s.p90 / scale, "p95": s.p95 / scale, "p99": s.p99 / scale, "min": s.min / scale, "max": s.max / scale});
         let v = serde_json::json!({
             "name": job.name, "num_gpus": job.num_gpus(), "tokens": args.tokens, "iterations": iterations,
-            "samples": args.samples, "runs": args.runs, "seed": seed,
+            "samples": args.samples,
+            "clusters": clusters, "runs": args.runs, "seed": seed,
             "step_time_s": s5(&step, 1.0),
             "training_time_days": s5(&total, day),
             "expected_interruptions": interruptions,
@@ -257,7 +292,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         iterations
     );
     println!(
-        "  {} Monte Carlo iterations (every rank simulated), {} end-to-end runs, seed {seed}",
+        "  {} Monte Carlo iterations (every rank simulated) on {clusters} clusters of GPUs, {} end-to-end runs, seed {seed}",
         args.samples, args.runs
     );
     println!();
@@ -318,6 +353,7 @@ fn p95_attribution(
     job: &Job,
     v: &Variability,
     seed: u64,
+    clusters: u64,
     samples: &[f64],
     p95: f64,
 ) -> Result<P95Attribution> {
@@ -344,7 +380,7 @@ fn p95_attribution(
     };
     let opts = SimOptions {
         mode: Mode::Full,
-        perturbation: Some(draw(job, v, seed, i as u64)),
+        perturbation: Some(draw_in(job, v, seed, i as u64, clusters)),
         record_ranks,
         ..SimOptions::default()
     };

@@ -107,3 +107,39 @@ fn variability_spreads_and_is_seeded() {
         "{got} vs {expect}"
     );
 }
+
+/// GPU speeds persist within a cluster: with nothing else varying, the samples of one cluster
+/// are identical, so there are at most `clusters` distinct step times, and more than one.
+#[test]
+fn gpu_speeds_persist_within_a_cluster() {
+    let job = data("gpu_speed_only.toml");
+    let v = prism(&[
+        "predict",
+        &job,
+        "--tokens",
+        "1e9",
+        "--samples",
+        "8",
+        "--clusters",
+        "2",
+        "--runs",
+        "20",
+        "--json",
+    ]);
+    let s = &v["step_time_s"];
+    let (min, max, p50) = (
+        s["min"].as_f64().unwrap(),
+        s["max"].as_f64().unwrap(),
+        s["p50"].as_f64().unwrap(),
+    );
+    assert!(
+        max > min,
+        "two clusters of different GPUs give two step times"
+    );
+    // Two values, four samples each: the median (type 7) is their midpoint.
+    assert!(
+        (p50 - 0.5 * (min + max)).abs() <= 1e-12 * max,
+        "{min} {p50} {max}"
+    );
+    assert_eq!(v["clusters"], 2);
+}
