@@ -9,13 +9,18 @@
 //! 3. With `--samples K` and a `[variability]` section, run K Monte Carlo iterations (every rank,
 //!    perturbed as in `prism predict`) for the 10 fastest candidates.
 //! 4. Rank by the objective (mean, p95 or p99 iteration time) and report.
+//! 5. With `--slow-gpus N` (or `--slow-fraction F`), for the job's own layout: compare where N
+//!    GPUs whose kernels run `--slowdown` times slower could sit (one TP group, one pipeline
+//!    stage, one DP replica, spread evenly, the least-loaded stage), each simulated with
+//!    `Mode::Full` and a per-rank [`Perturbation`], and report the best and its gain.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use prism_core::cost::compute::KernelTable;
-use prism_core::engine::{Mode, SimError, SimOptions};
+use prism_core::engine::{Mode, Perturbation, SimError, SimOptions};
 use prism_core::job::{Job, Parallel, Recompute, Schedule};
+use prism_core::layout::{Coord, Layout};
 use prism_core::memory;
 use prism_core::stats;
 use prism_core::variability::Variability;
@@ -51,6 +56,15 @@ pub struct ExploreArgs {
     /// Seed of the Monte Carlo draws (default: `[variability] seed`, else 1).
     #[arg(long)]
     seed: Option<u64>,
+    /// Compare placements of this many slow GPUs in the job's own layout.
+    #[arg(long, value_name = "N", conflicts_with = "slow_fraction")]
+    slow_gpus: Option<u64>,
+    /// Like --slow-gpus, as a fraction of the GPUs (rounded up, at least one).
+    #[arg(long, value_name = "F")]
+    slow_fraction: Option<f64>,
+    /// Kernel time factor of a slow GPU (1.2: kernels take 20% longer).
+    #[arg(long, value_name = "X", default_value_t = 1.2)]
+    slowdown: f64,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -263,6 +277,380 @@ fn simulate_det(
     }
 }
 
+/// Where the slow GPUs of one candidate placement sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// Packed into TP groups: fill the TP groups of one DP replica of stage 0, then the next TP
+    /// group of the same stage (rank order).
+    TpGroup,
+    /// Packed into stage 0, one per DP replica (then the next TP rank, then the next stage).
+    PipelineStage,
+    /// Concentrated in DP replica 0, spread over its stages (then its other ranks, then the
+    /// next replica).
+    DpReplica,
+    /// Spread evenly: one per TP group, round-robin over stages and DP replicas (diagonally).
+    Spread,
+    /// Packed into TP groups of the stage with the least kernel time (then the next least).
+    LeastLoadedStage,
+}
+
+impl Placement {
+    const ALL: [Placement; 5] = [
+        Placement::TpGroup,
+        Placement::PipelineStage,
+        Placement::DpReplica,
+        Placement::Spread,
+        Placement::LeastLoadedStage,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Placement::TpGroup => "tp-group",
+            Placement::PipelineStage => "pipeline-stage",
+            Placement::DpReplica => "dp-replica",
+            Placement::Spread => "spread",
+            Placement::LeastLoadedStage => "least-loaded-stage",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            Placement::TpGroup => "packed into one TP group",
+            Placement::PipelineStage => "one pipeline stage, across DP replicas",
+            Placement::DpReplica => "one DP replica, across its stages",
+            Placement::Spread => "spread evenly, one per TP group",
+            Placement::LeastLoadedStage => "packed into the least-loaded stage",
+        }
+    }
+
+    /// Every rank of `l`, in the order this placement makes GPUs slow (the first N are slow).
+    /// `stages_by_load`: the stages from the least to the most kernel time.
+    fn order(self, l: &Layout, stages_by_load: &[u32]) -> Vec<u32> {
+        let mut out = Vec::with_capacity(l.num_ranks() as usize);
+        match self {
+            Placement::TpGroup => out.extend(0..l.num_ranks()),
+            Placement::PipelineStage => {
+                for pp in 0..l.pp {
+                    for tp in 0..l.tp {
+                        for cp in 0..l.cp {
+                            for dp in 0..l.dp {
+                                out.push(l.rank(Coord { tp, cp, dp, pp }));
+                            }
+                        }
+                    }
+                }
+            }
+            Placement::DpReplica => {
+                for dp in 0..l.dp {
+                    for cp in 0..l.cp {
+                        for tp in 0..l.tp {
+                            for pp in 0..l.pp {
+                                out.push(l.rank(Coord { tp, cp, dp, pp }));
+                            }
+                        }
+                    }
+                }
+            }
+            Placement::Spread => {
+                // TP group i sits on stage i % pp and replica (i / pp + stage) % dp, so
+                // consecutive slow GPUs change both stage and replica.
+                for tp in 0..l.tp {
+                    for i in 0..l.pp * l.dp * l.cp {
+                        let pp = i % l.pp;
+                        let q = i / l.pp;
+                        let dp = (q % l.dp + pp) % l.dp;
+                        let cp = q / l.dp;
+                        out.push(l.rank(Coord { tp, cp, dp, pp }));
+                    }
+                }
+            }
+            Placement::LeastLoadedStage => {
+                let size = l.stage_size();
+                for &s in stages_by_load {
+                    out.extend(s * size..(s + 1) * size);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One simulated placement of the slow GPUs.
+#[derive(Clone, Debug)]
+struct PlacementRun {
+    placement: Placement,
+    /// The slow ranks, ascending.
+    ranks: Vec<u32>,
+    iteration_s: f64,
+    /// An earlier placement with the same slow ranks.
+    same_as: Option<Placement>,
+}
+
+/// Placements of slow GPUs in the job's own layout.
+#[derive(Clone, Debug)]
+struct SlowGpuAnalysis {
+    job: Job,
+    slow_gpus: usize,
+    slowdown: f64,
+    /// Iteration time with no slow GPU (`Mode::Full`, unperturbed).
+    baseline_s: f64,
+    /// Mean kernel time per GPU of each stage, in the unperturbed run.
+    stage_compute_s: Vec<f64>,
+    least_loaded_stage: u32,
+    runs: Vec<PlacementRun>,
+    best: usize,
+    worst: usize,
+    spread: usize,
+}
+
+impl SlowGpuAnalysis {
+    /// How much faster the best placement is than `other`, percent.
+    fn gain_pct(&self, other: usize) -> f64 {
+        100.0 * (self.runs[other].iteration_s / self.runs[self.best].iteration_s - 1.0)
+    }
+}
+
+/// Number of slow GPUs asked for (`--slow-gpus` or `--slow-fraction`) on `ranks` GPUs.
+fn slow_gpu_count(args: &ExploreArgs, ranks: u64) -> Result<Option<usize>> {
+    let n = match (args.slow_gpus, args.slow_fraction) {
+        (Some(n), _) => n,
+        (None, Some(f)) => {
+            if !(f > 0.0 && f <= 1.0) {
+                bail!("--slow-fraction must be in (0, 1] (got {f})");
+            }
+            ((f * ranks as f64 - 1e-9).ceil() as u64).max(1)
+        }
+        (None, None) => return Ok(None),
+    };
+    if n == 0 || n > ranks {
+        bail!("--slow-gpus {n} must be between 1 and the job's {ranks} GPUs");
+    }
+    if !(args.slowdown.is_finite() && args.slowdown >= 1.0) {
+        bail!(
+            "--slowdown must be a finite factor of at least 1 (got {})",
+            args.slowdown
+        );
+    }
+    Ok(Some(n as usize))
+}
+
+/// Simulates every placement of `slow_gpus` GPUs, `slowdown` times slower, in `job`'s layout.
+fn analyse_slow_gpus(
+    job: &Job,
+    slow_gpus: usize,
+    slowdown: f64,
+    kernel_table: &Option<KernelTable>,
+) -> Result<SlowGpuAnalysis> {
+    use rayon::prelude::*;
+    job.validate().map_err(|e| {
+        anyhow::anyhow!(
+            "--slow-gpus compares placements in the job's own layout, which is invalid: {e}"
+        )
+    })?;
+    let l = Layout::new(job);
+    let opts = SimOptions {
+        mode: Mode::Full,
+        kernel_table: kernel_table.clone(),
+        ..SimOptions::default()
+    };
+    let base = prism_core::simulate(job, &opts).context("simulation of the job's layout failed")?;
+    let mut sum = vec![0.0; l.pp as usize];
+    let mut count = vec![0usize; l.pp as usize];
+    for r in &base.ranks {
+        let s = l.coord(r.rank).pp as usize;
+        sum[s] += r.compute_s;
+        count[s] += 1;
+    }
+    let stage_compute_s: Vec<f64> = sum
+        .iter()
+        .zip(&count)
+        .map(|(s, &c)| if c == 0 { 0.0 } else { s / c as f64 })
+        .collect();
+    let mut stages_by_load: Vec<u32> = (0..l.pp).collect();
+    // Stable: equal stages keep their index order.
+    stages_by_load
+        .sort_by(|a, b| stage_compute_s[*a as usize].total_cmp(&stage_compute_s[*b as usize]));
+    let sets: Vec<(Placement, Vec<u32>)> = Placement::ALL
+        .iter()
+        .map(|&p| {
+            let mut ranks = p.order(&l, &stages_by_load);
+            ranks.truncate(slow_gpus);
+            ranks.sort_unstable();
+            (p, ranks)
+        })
+        .collect();
+    let times: Vec<f64> = sets
+        .par_iter()
+        .map(|(_, ranks)| {
+            let mut rank_factor = vec![1.0; l.num_ranks() as usize];
+            for &r in ranks {
+                rank_factor[r as usize] = slowdown;
+            }
+            let o = SimOptions {
+                perturbation: Some(Perturbation {
+                    rank_factor,
+                    ..Perturbation::default()
+                }),
+                ..opts.clone()
+            };
+            prism_core::simulate(job, &o).map(|r| r.summary.iteration_time_s)
+        })
+        .collect::<Result<Vec<f64>, _>>()
+        .context("simulation with slow GPUs failed")?;
+    let runs: Vec<PlacementRun> = sets
+        .iter()
+        .zip(&times)
+        .enumerate()
+        .map(|(i, ((p, ranks), &t))| PlacementRun {
+            placement: *p,
+            ranks: ranks.clone(),
+            iteration_s: t,
+            same_as: sets[..i].iter().find(|(_, r)| r == ranks).map(|(q, _)| *q),
+        })
+        .collect();
+    // Ties go to the earlier placement.
+    let mut best = 0;
+    let mut worst = 0;
+    for (i, r) in runs.iter().enumerate() {
+        if r.iteration_s < runs[best].iteration_s {
+            best = i;
+        }
+        if r.iteration_s > runs[worst].iteration_s {
+            worst = i;
+        }
+    }
+    let spread = runs
+        .iter()
+        .position(|r| r.placement == Placement::Spread)
+        .expect("spread is a placement");
+    Ok(SlowGpuAnalysis {
+        job: job.clone(),
+        slow_gpus,
+        slowdown,
+        baseline_s: base.summary.iteration_time_s,
+        least_loaded_stage: stages_by_load[0],
+        stage_compute_s,
+        runs,
+        best,
+        worst,
+        spread,
+    })
+}
+
+fn slow_gpu_json(a: &SlowGpuAnalysis) -> Value {
+    let p = &a.job.parallel;
+    let placements: Vec<Value> = a
+        .runs
+        .iter()
+        .map(|r| {
+            json!({
+                "placement": r.placement.name(),
+                "description": r.placement.description(),
+                "slow_ranks": r.ranks,
+                "iteration_time_s": r.iteration_s,
+                "slowdown_pct": 100.0 * (r.iteration_s / a.baseline_s - 1.0),
+                "same_gpus_as": r.same_as.map(Placement::name),
+            })
+        })
+        .collect();
+    json!({
+        "slow_gpus": a.slow_gpus,
+        "num_gpus": a.job.num_gpus(),
+        "slowdown": a.slowdown,
+        "tp": p.tp,
+        "pp": p.pp,
+        "dp": p.dp,
+        "cp": p.cp,
+        "baseline_iteration_time_s": a.baseline_s,
+        "stage_compute_s": a.stage_compute_s,
+        "least_loaded_stage": a.least_loaded_stage,
+        "placements": placements,
+        "best": a.runs[a.best].placement.name(),
+        "worst": a.runs[a.worst].placement.name(),
+        "gain_vs_worst_pct": a.gain_pct(a.worst),
+        "gain_vs_spread_pct": a.gain_pct(a.spread),
+    })
+}
+
+/// `0-3, 8, 12-13`: ranks, runs collapsed.
+fn rank_list(ranks: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(if j == i {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    if parts.len() > 8 {
+        let more = parts.len() - 8;
+        parts.truncate(8);
+        parts.push(format!("... ({more} more runs)"));
+    }
+    parts.join(", ")
+}
+
+fn print_slow_gpus(a: &SlowGpuAnalysis) {
+    let p = &a.job.parallel;
+    println!();
+    println!(
+        "  Slow GPUs: {} of {} with {:.2}x kernel time, in the job's layout (tp {} pp {} dp {} cp {}); no slow GPU: {:.4} s",
+        a.slow_gpus,
+        a.job.num_gpus(),
+        a.slowdown,
+        p.tp,
+        p.pp,
+        p.dp,
+        p.cp,
+        a.baseline_s
+    );
+    let stages: Vec<String> = a
+        .stage_compute_s
+        .iter()
+        .map(|s| format!("{s:.4}"))
+        .collect();
+    println!(
+        "  kernel time per GPU by stage: {} s; least loaded: stage {}",
+        stages.join(", "),
+        a.least_loaded_stage
+    );
+    println!();
+    println!(
+        "  {:<20} {:<38} {:>11} {:>8}  slow ranks",
+        "placement", "where", "iteration s", "vs none"
+    );
+    for (i, r) in a.runs.iter().enumerate() {
+        print!(
+            "  {:<20} {:<38} {:>11.4} {:>+7.2}%  {}",
+            r.placement.name(),
+            r.placement.description(),
+            r.iteration_s,
+            100.0 * (r.iteration_s / a.baseline_s - 1.0),
+            rank_list(&r.ranks)
+        );
+        if let Some(q) = r.same_as {
+            print!(" (same GPUs as {})", q.name());
+        }
+        if i == a.best {
+            print!("  <- best");
+        }
+        println!();
+    }
+    println!(
+        "  best: {}, {:.2}% faster than the worst ({}) and {:.2}% faster than spreading them evenly",
+        a.runs[a.best].placement.name(),
+        a.gain_pct(a.worst),
+        a.runs[a.worst].placement.name(),
+        a.gain_pct(a.spread)
+    );
+}
+
 fn progress(len: usize, prefix: &'static str, what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(len as u64).with_style(
         indicatif::ProgressStyle::with_template(&format!(
@@ -307,6 +695,11 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
     }
     let kernel_table = match &loaded.kernel_table {
         Some(path) => Some(prism_io::kernel_table::read_kernel_table(path)?),
+        None => None,
+    };
+    // 5 (first, so a bad request fails fast). Slow-GPU placements in the job's own layout.
+    let slow = match slow_gpu_count(args, base.num_gpus())? {
+        Some(n) => Some(analyse_slow_gpus(&base, n, args.slowdown, &kernel_table)?),
         None => None,
     };
     // 1. Enumerate and filter.
@@ -452,7 +845,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
                        "mean_gain_pct": x.mean_gain_pct, "p99_loss_pct": x.p99_loss_pct})
             })
             .collect();
-        let out = json!({
+        let mut out = json!({
             "name": base.name,
             "num_gpus": base.num_gpus(),
             "global_batch": base.training.global_batch,
@@ -466,6 +859,9 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
             "ranking": ranking,
             "p99_inversions": inv,
         });
+        if let Some(a) = &slow {
+            out["slow_gpu_placement"] = slow_gpu_json(a);
+        }
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
@@ -495,6 +891,9 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         if inversions.len() > 10 {
             println!("    ... and {} more (see --json)", inversions.len() - 10);
         }
+    }
+    if let Some(a) = &slow {
+        print_slow_gpus(a);
     }
     Ok(())
 }
@@ -718,6 +1117,75 @@ mod tests {
         assert_eq!((inv[0].a, inv[0].b), (0, 1));
         assert!((inv[0].mean_gain_pct - 10.0).abs() < 1e-9);
         assert!((inv[0].p99_loss_pct - 20.0).abs() < 1e-9);
+    }
+
+    fn layout(tp: u32, cp: u32, dp: u32, pp: u32) -> Layout {
+        Layout {
+            tp,
+            cp,
+            dp,
+            pp,
+            ep: 1,
+            gpus_per_node: 8,
+        }
+    }
+
+    #[test]
+    fn placement_orders_are_permutations_with_the_promised_shape() {
+        use prism_core::layout::GroupKind;
+        for l in [
+            layout(2, 1, 4, 2),
+            layout(4, 2, 3, 3),
+            layout(1, 1, 8, 4),
+            layout(8, 1, 1, 2),
+        ] {
+            let stages: Vec<u32> = (0..l.pp).rev().collect();
+            for p in Placement::ALL {
+                let mut o = p.order(&l, &stages);
+                let first = o.clone();
+                o.sort_unstable();
+                assert_eq!(o, (0..l.num_ranks()).collect::<Vec<_>>(), "{p:?}");
+                let head = &first[..l.tp as usize];
+                let tp_groups: std::collections::BTreeSet<u32> =
+                    head.iter().map(|&r| l.group_of(GroupKind::Tp, r)).collect();
+                let coords: Vec<Coord> = head.iter().map(|&r| l.coord(r)).collect();
+                match p {
+                    // The first tp slow GPUs fill one TP group.
+                    Placement::TpGroup => assert_eq!(tp_groups.len(), 1),
+                    Placement::LeastLoadedStage => {
+                        assert_eq!(tp_groups.len(), 1);
+                        assert!(coords.iter().all(|c| c.pp == stages[0]));
+                    }
+                    Placement::PipelineStage => assert!(coords.iter().all(|c| c.pp == 0)),
+                    Placement::DpReplica => assert!(coords.iter().all(|c| c.dp == 0)),
+                    // One per TP group until every TP group has one.
+                    Placement::Spread => {
+                        let n = (l.pp * l.dp * l.cp) as usize;
+                        let g: std::collections::BTreeSet<u32> = first[..n]
+                            .iter()
+                            .map(|&r| l.group_of(GroupKind::Tp, r))
+                            .collect();
+                        assert_eq!(g.len(), n);
+                        // The first min(pp, dp) sit on distinct stages and replicas.
+                        let k = l.pp.min(l.dp) as usize;
+                        let c: Vec<Coord> = first[..k].iter().map(|&r| l.coord(r)).collect();
+                        for (i, a) in c.iter().enumerate() {
+                            for b in &c[i + 1..] {
+                                assert!(a.pp != b.pp && a.dp != b.dp, "{a:?} {b:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rank_lists_collapse_runs() {
+        assert_eq!(rank_list(&[0, 1, 2, 5, 7, 8]), "0-2, 5, 7-8");
+        assert_eq!(rank_list(&[3]), "3");
+        let many: Vec<u32> = (0..40).map(|i| 2 * i).collect();
+        assert!(rank_list(&many).ends_with("... (32 more runs)"));
     }
 
     #[test]

@@ -212,3 +212,171 @@ fn sampled_ranking() {
     assert!(table.contains("p99 s"), "{table}");
     std::fs::remove_file(&path).ok();
 }
+
+fn placements(v: &serde_json::Value) -> &Vec<serde_json::Value> {
+    v["slow_gpu_placement"]["placements"].as_array().unwrap()
+}
+
+fn placement<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    placements(v)
+        .iter()
+        .find(|p| p["placement"] == name)
+        .unwrap_or_else(|| panic!("{name} in {v}"))
+}
+
+fn slow_ranks(p: &serde_json::Value) -> Vec<u64> {
+    p["slow_ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_u64().unwrap())
+        .collect()
+}
+
+/// `--slow-gpus` = one TP group's size: packing them into one TP group is never slower than
+/// spreading them; every placement is at least the no-slow-GPU time, which is the job's own
+/// time in the search; the report repeats exactly; without the flag there is no report.
+#[test]
+fn slow_gpu_placements() {
+    let job = data("explore.toml");
+    let l = prism_core::layout::Layout::new(
+        &prism_io::jobfile::load_job_file(std::path::Path::new(&job), &[])
+            .unwrap()
+            .job,
+    );
+    for slowdown in ["1.2", "2"] {
+        let args = [
+            "explore",
+            job.as_str(),
+            "--slow-gpus",
+            "2",
+            "--slowdown",
+            slowdown,
+            "--top",
+            "0",
+            "--json",
+        ];
+        let text = prism_text(&args);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let a = &v["slow_gpu_placement"];
+        assert_eq!(a["slow_gpus"], 2);
+        assert_eq!(f(a, "slowdown"), slowdown.parse::<f64>().unwrap());
+        assert_eq!((a["tp"].as_u64(), a["pp"].as_u64()), (Some(2), Some(2)));
+        let base = f(a, "baseline_iteration_time_s");
+        let own = v["ranking"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["is_job_config"].as_bool().unwrap())
+            .unwrap();
+        assert!((base / f(own, "iteration_time_s") - 1.0).abs() < 1e-12);
+        let ps = placements(&v);
+        assert_eq!(ps.len(), 5);
+        let times: Vec<f64> = ps.iter().map(|p| f(p, "iteration_time_s")).collect();
+        for (p, &t) in ps.iter().zip(&times) {
+            assert_eq!(slow_ranks(p).len(), 2, "{p}");
+            assert!(t >= base, "{p}: {t} < no-slow-GPU {base}");
+        }
+        // Packed into one TP group (ranks 0 and 1) versus spread (two TP groups).
+        let packed = placement(&v, "tp-group");
+        let spread = placement(&v, "spread");
+        assert_eq!(slow_ranks(packed), vec![0, 1]);
+        let groups: std::collections::BTreeSet<u32> = slow_ranks(spread)
+            .iter()
+            .map(|&r| l.group_of(prism_core::layout::GroupKind::Tp, r as u32))
+            .collect();
+        assert_eq!(groups.len(), 2);
+        assert!(
+            f(packed, "iteration_time_s") <= f(spread, "iteration_time_s"),
+            "{a}"
+        );
+        // Best, worst and the gains agree with the rows.
+        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = times.iter().copied().fold(0.0, f64::max);
+        assert_eq!(
+            f(
+                placement(&v, a["best"].as_str().unwrap()),
+                "iteration_time_s"
+            ),
+            min
+        );
+        assert_eq!(
+            f(
+                placement(&v, a["worst"].as_str().unwrap()),
+                "iteration_time_s"
+            ),
+            max
+        );
+        assert!((f(a, "gain_vs_worst_pct") - 100.0 * (max / min - 1.0)).abs() < 1e-9);
+        let s = f(spread, "iteration_time_s");
+        assert!((f(a, "gain_vs_spread_pct") - 100.0 * (s / min - 1.0)).abs() < 1e-9);
+        assert!(f(a, "gain_vs_spread_pct") >= 0.0);
+        // Deterministic.
+        assert_eq!(text, prism_text(&args));
+    }
+    let plain = prism(&["explore", &job, "--top", "1", "--json"]);
+    assert!(plain.get("slow_gpu_placement").is_none());
+    // The text report names the best placement.
+    let table = prism_text(&["explore", &job, "--top", "1", "--slow-fraction", "0.125"]);
+    assert!(table.contains("Slow GPUs: 2 of 16"), "{table}");
+    assert!(table.contains("<- best"), "{table}");
+}
+
+/// An uneven split with a short last stage: the least-loaded stage is the last one, the slow
+/// GPUs of that placement sit there, and it beats packing them into stage 0.
+#[test]
+fn slow_gpus_on_the_least_loaded_stage() {
+    let job = data("explore.toml");
+    let mut args = vec!["explore", job.as_str()];
+    for s in [
+        "parallel.tp=1",
+        "parallel.pp=4",
+        "parallel.micro_batch=1",
+        "parallel.last_stage_layers=3",
+    ] {
+        args.extend(["--set", s]);
+    }
+    args.extend(["--slow-gpus", "2", "--top", "1", "--json"]);
+    let v = prism(&args);
+    let a = &v["slow_gpu_placement"];
+    let stages: Vec<f64> = a["stage_compute_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_f64().unwrap())
+        .collect();
+    assert_eq!(stages.len(), 4);
+    assert_eq!(a["least_loaded_stage"], 3);
+    assert!(stages[3] < stages[0] && stages[3] < stages[1]);
+    let least = placement(&v, "least-loaded-stage");
+    let stage_size = 4; // tp 1, cp 1, dp 4
+    assert!(slow_ranks(least).iter().all(|r| r / stage_size == 3));
+    assert!(
+        f(least, "iteration_time_s") < f(placement(&v, "tp-group"), "iteration_time_s"),
+        "{a}"
+    );
+    assert_eq!(a["best"], "least-loaded-stage");
+}
+
+/// Bad requests fail with a message.
+#[test]
+fn slow_gpu_arguments() {
+    let job = data("explore.toml");
+    for (args, msg) in [
+        (vec!["--slow-gpus", "0"], "--slow-gpus 0"),
+        (vec!["--slow-gpus", "17"], "--slow-gpus 17"),
+        (vec!["--slow-fraction", "1.5"], "--slow-fraction"),
+        (vec!["--slow-gpus", "1", "--slowdown", "0.5"], "--slowdown"),
+        (
+            vec!["--slow-gpus", "1", "--slow-fraction", "0.5"],
+            "cannot be used with",
+        ),
+    ] {
+        let mut a = vec!["explore", job.as_str()];
+        a.extend(args);
+        let o = run(&a);
+        assert!(!o.status.success(), "{a:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(msg), "{a:?}: {err}");
+    }
+}

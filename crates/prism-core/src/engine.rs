@@ -98,6 +98,13 @@ fn mix64(mut x: u64) -> u64 {
 }
 
 impl Perturbation {
+    /// True when the perturbation treats every rank alike (one factor for all ranks, no
+    /// per-kernel draws): the ranks of a stage stay identical and reduced or sliced runs stay
+    /// exact. A communication regime is shared by every collective, so it keeps symmetry.
+    pub fn is_symmetric(&self) -> bool {
+        self.jitter.is_empty() && self.rank_factor.windows(2).all(|w| w[0] == w[1])
+    }
+
     /// Uniform draw in (0, 1) for (rank, program op, occurrence).
     fn uniform(&self, rank: u32, op: u32) -> f64 {
         let h = mix64(self.seed ^ mix64(((rank as u64) << 32) | op as u64));
@@ -337,7 +344,12 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
         }
     };
     let full = opts.mode == Mode::Full;
-    if !full && opts.perturbation.is_some() {
+    if !full
+        && opts
+            .perturbation
+            .as_ref()
+            .is_some_and(|p| !p.is_symmetric())
+    {
         return Err(SimError::Asymmetric(
             "a perturbed (Monte Carlo) iteration breaks the symmetry between ranks".into(),
         ));

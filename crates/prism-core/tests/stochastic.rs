@@ -134,3 +134,35 @@ fn jitter_is_seeded_and_needs_the_full_mode() {
     );
     assert!(reduced.is_err());
 }
+
+/// Exact shortcut: a perturbation that treats every rank alike (shared congestion, one speed
+/// factor for all) keeps the ranks symmetric, and the reduced run equals the full run exactly.
+#[test]
+fn symmetric_perturbation_allows_the_reduced_mode() {
+    let job = small_job(4, 2, 2, 32);
+    for p in [
+        Perturbation {
+            comm_factor: 1.7,
+            ..Perturbation::default()
+        },
+        Perturbation {
+            rank_factor: vec![1.13; 32],
+            comm_factor: 0.8,
+            ..Perturbation::default()
+        },
+    ] {
+        assert!(p.is_symmetric());
+        let full = run(&job, Some(p.clone())).summary;
+        let reduced = simulate(
+            &job,
+            &SimOptions {
+                mode: Mode::Reduced,
+                perturbation: Some(p),
+                ..SimOptions::default()
+            },
+        )
+        .unwrap()
+        .summary;
+        assert_eq!(full.iteration_time_s, reduced.iteration_time_s);
+    }
+}
