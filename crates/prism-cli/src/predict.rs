@@ -78,6 +78,42 @@ fn op_class(name: &str) -> Option<OpClass> {
     .find(|c| c.name() == name)
 }
 
+/// Applies a `prism fit` distribution table (`[variability.distributions] table`): a row named
+/// after an op class (or `all`) becomes that class's kernel jitter, a row named `comm` the
+/// communication regime; each duration distribution is divided by its mean, giving a time
+/// factor of mean 1 around the cost model's nominal time.
+fn with_fit_table(
+    mut v: Variability,
+    table: &std::collections::BTreeMap<String, prism_core::variability::Dist>,
+    origin: &str,
+) -> Result<Variability> {
+    use prism_core::variability::{CommRegime, KernelJitter};
+    for (sig, d) in table {
+        let mean = d.mean();
+        if !(mean.is_finite() && mean > 0.0) {
+            bail!(
+                "{origin}: signature `{sig}`: the distribution's mean must be positive (got {mean})"
+            );
+        }
+        let factor = d.scaled(1.0 / mean);
+        if sig == "comm" {
+            v.comm_regime = Some(CommRegime { factor });
+        } else if sig == "all" || op_class(sig).is_some() {
+            v.kernel_jitter.retain(|j| j.class != *sig);
+            v.kernel_jitter.push(KernelJitter {
+                class: sig.clone(),
+                factor,
+            });
+        } else {
+            bail!(
+                "{origin}: signature `{sig}` is neither an op class (gemm, attention, norm, softmax, \
+                 elementwise, embedding, loss, router, optimizer, framework, all) nor `comm`"
+            );
+        }
+    }
+    Ok(v)
+}
+
 /// Draws the perturbation of Monte Carlo sample `i`, each sample on its own cluster.
 pub(crate) fn draw(job: &Job, v: &Variability, seed: u64, i: u64) -> Perturbation {
     draw_in(job, v, seed, i, u64::MAX)
@@ -156,7 +192,18 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     if !args.allow_oom {
         crate::check_memory(job)?;
     }
-    let v = &loaded.variability;
+    let v = match &loaded.dist_table {
+        Some(path) => {
+            let table = prism_io::samples::read_dist_table(path)?;
+            with_fit_table(
+                loaded.variability.clone(),
+                &table,
+                &path.display().to_string(),
+            )?
+        }
+        None => loaded.variability.clone(),
+    };
+    let v = &v;
     let seed = args.seed.or(loaded.variability_seed).unwrap_or(1);
     let bar = indicatif::ProgressBar::new(args.samples as u64).with_style(
         indicatif::ProgressStyle::with_template(

@@ -143,3 +143,41 @@ fn gpu_speeds_persist_within_a_cluster() {
     );
     assert_eq!(v["clusters"], 2);
 }
+
+/// A `prism fit` table drives the Monte Carlo: GEMM jitter and congestion from fitted
+/// distributions spread the step time; an unknown signature is an error naming it.
+#[test]
+fn fit_table_drives_the_variability() {
+    let v = prism(&[
+        "predict",
+        &data("fitted.toml"),
+        "--tokens",
+        "1e9",
+        "--samples",
+        "6",
+        "--runs",
+        "20",
+        "--json",
+    ]);
+    let s = &v["step_time_s"];
+    assert!(s["max"].as_f64().unwrap() > s["min"].as_f64().unwrap());
+    let o = Command::new(env!("CARGO_BIN_EXE_prism"))
+        .args([
+            "predict",
+            &data("fitted_bad.toml"),
+            "--tokens",
+            "1e9",
+            "--samples",
+            "2",
+            "--runs",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("qkv_magic") && e.contains("fit_table_bad.csv"),
+        "{e}"
+    );
+}

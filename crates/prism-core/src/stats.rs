@@ -225,6 +225,32 @@ fn gamma_ur(a: f64, x: f64) -> f64 {
 }
 
 impl Dist {
+    /// The distribution of `k X` for `k > 0` (same family; e.g. a duration distribution divided
+    /// by its mean becomes a time-factor distribution of mean 1).
+    pub fn scaled(&self, k: f64) -> Dist {
+        assert!(
+            k.is_finite() && k > 0.0,
+            "scale factor must be positive and finite"
+        );
+        match self {
+            Dist::Constant(c) => Dist::Constant(c * k),
+            Dist::Normal { mean, std } => Dist::Normal {
+                mean: mean * k,
+                std: std * k,
+            },
+            Dist::LogNormal { mu, sigma } => Dist::LogNormal {
+                mu: mu + k.ln(),
+                sigma: *sigma,
+            },
+            Dist::Gamma { shape, scale } => Dist::Gamma {
+                shape: *shape,
+                scale: scale * k,
+            },
+            Dist::Exponential { mean } => Dist::Exponential { mean: mean * k },
+            Dist::Empirical(v) => Dist::Empirical(v.iter().map(|x| x * k).collect()),
+        }
+    }
+
     /// The family name: `constant`, `normal`, `lognormal`, `gamma`, `exponential` or
     /// `empirical` (the names of the distribution table, see `prism_io::samples`).
     pub fn family(&self) -> &'static str {
@@ -800,6 +826,42 @@ pub fn summarize(samples: &[f64]) -> Summary5 {
         p99: q(0.99),
         min: sorted.first().copied().unwrap_or(f64::NAN),
         max: sorted.last().copied().unwrap_or(f64::NAN),
+    }
+}
+
+#[cfg(test)]
+mod scaled_tests {
+    use super::*;
+
+    #[test]
+    fn scaling_scales_mean_and_quantiles() {
+        for d in [
+            Dist::Constant(2.0),
+            Dist::Normal {
+                mean: 3.0,
+                std: 0.2,
+            },
+            Dist::LogNormal {
+                mu: 0.3,
+                sigma: 0.4,
+            },
+            Dist::Gamma {
+                shape: 2.5,
+                scale: 0.7,
+            },
+            Dist::Exponential { mean: 4.0 },
+            Dist::Empirical(vec![1.0, 2.0, 5.0]),
+        ] {
+            let k = 1.0 / d.mean();
+            let s = d.scaled(k);
+            assert!((s.mean() - 1.0).abs() < 1e-9, "{d:?}");
+            for p in [0.1, 0.5, 0.9] {
+                assert!(
+                    (s.quantile(p) - k * d.quantile(p)).abs() < 1e-9 * (1.0 + d.quantile(p)),
+                    "{d:?} {p}"
+                );
+            }
+        }
     }
 }
 
