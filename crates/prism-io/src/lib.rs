@@ -5,6 +5,7 @@
 //! Chrome/Perfetto trace. It converts between those formats and `prism-core` values; the core
 //! never sees a file.
 
+mod csv_line;
 pub mod hf;
 pub mod jobfile;
 pub mod kernel_table;
