@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Read;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -30,6 +29,7 @@ use prism_core::variability::{
 };
 use toml::de::{DeTable, DeValue};
 
+use crate::files::read_limited;
 use crate::hf;
 use crate::presets;
 
@@ -38,9 +38,6 @@ pub const DEFAULT_JOB_TOML: &str = include_str!("../presets/jobs/llama3-405b-16k
 
 /// The `source` / origin of the embedded default job.
 pub const DEFAULT_JOB_ORIGIN: &str = "<embedded default>";
-
-/// Largest job file or HF config read (bytes); anything larger is rejected unread.
-const MAX_FILE_BYTES: u64 = 16 << 20;
 
 /// Sanity bounds on model sizes (far above any published model). They keep every parameter and
 /// FLOP count downstream inside `u64`.
@@ -145,23 +142,6 @@ pub fn load_job_str(
 /// The embedded default job ([`DEFAULT_JOB_TOML`]) with `sets` applied.
 pub fn default_job(sets: &[String]) -> Result<LoadedJob, JobFileError> {
     load_job_str(DEFAULT_JOB_TOML, DEFAULT_JOB_ORIGIN, None, sets)
-}
-
-/// Reads a regular file of at most [`MAX_FILE_BYTES`] as UTF-8.
-fn read_limited(path: &Path) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("larger than the {MAX_FILE_BYTES}-byte limit"));
-    }
-    String::from_utf8(bytes).map_err(|_| "not valid UTF-8".to_string())
 }
 
 // ---------------------------------------------------------------------------------------------

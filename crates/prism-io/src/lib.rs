@@ -6,6 +6,7 @@
 //! never sees a file.
 
 mod csv_line;
+mod files;
 pub mod hf;
 pub mod jobfile;
 pub mod kernel_table;

@@ -14,18 +14,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::Read;
 use std::path::Path;
 
 use prism_core::engine::SimError;
 use prism_core::report::Summary;
 use prism_core::{Mode, SimOptions, simulate};
 
+use crate::files::read_limited;
 use crate::jobfile;
 use crate::presets;
-
-/// Largest case file read (bytes).
-const MAX_FILE_BYTES: u64 = 16 << 20;
 
 /// A published figure Prism can predict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -504,22 +501,6 @@ pub fn read_cases(path: &Path) -> Result<Vec<Case>, ValidationError> {
         rule: format!("cannot read case file: {rule}"),
     })?;
     parse_cases(&text, &origin)
-}
-
-fn read_limited(path: &Path) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("larger than the {MAX_FILE_BYTES}-byte limit"));
-    }
-    String::from_utf8(bytes).map_err(|_| "not valid UTF-8".to_string())
 }
 
 /// Parses and checks case-file text. `origin` names it in errors.
