@@ -120,8 +120,8 @@ pub fn hardware_flops_per_iteration(job: &Job) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::fixtures::{llama3_405b_job, small_job};
-    use crate::job::{Activation, Model, Moe};
+    use crate::job::Moe;
+    use crate::job::fixtures::{gpt3_175b_model, llama3_405b_job, small_job};
 
     fn rel(a: f64, b: f64) -> f64 {
         (a / b - 1.0).abs()
@@ -129,21 +129,7 @@ mod tests {
 
     fn gpt3_job(recompute: Recompute) -> Job {
         let mut job = small_job(64, 8, 8, 1536);
-        job.model = Model {
-            name: "gpt3-175b".into(),
-            layers: 96,
-            hidden: 12288,
-            ffn_hidden: 4 * 12288,
-            heads: 96,
-            kv_heads: 96,
-            head_dim: 128,
-            vocab: 51200,
-            seq_len: 2048,
-            activation: Activation::Gelu,
-            moe: None,
-            tied_embeddings: true,
-            dropout: true,
-        };
+        job.model = gpt3_175b_model();
         job.parallel.recompute = recompute;
         job.validate().unwrap();
         job

@@ -829,6 +829,27 @@ pub mod fixtures {
         }
     }
 
+    /// GPT-3 175B (Brown et al. 2020) as Megatron-LM and Korthikanti et al. 2022 train it: 96
+    /// layers, hidden 12288, FFN 4h, 96 heads of 128, vocab 51200, sequence 2048, GeLU, tied
+    /// embeddings, dropout.
+    pub fn gpt3_175b_model() -> Model {
+        Model {
+            name: "gpt3-175b".into(),
+            layers: 96,
+            hidden: 12288,
+            ffn_hidden: 4 * 12288,
+            heads: 96,
+            kv_heads: 96,
+            head_dim: 128,
+            vocab: 51200,
+            seq_len: 2048,
+            activation: Activation::Gelu,
+            moe: None,
+            tied_embeddings: true,
+            dropout: true,
+        }
+    }
+
     /// Llama 3 405B (Dubey et al. 2024, Table 3: 126 layers, hidden 16384, FFN 53248, 128 heads,
     /// 8 KV heads, vocab 128256, sequence 8192, no dropout) on 16,384 H100: tp 8, pp 16 with
     /// 7 layers on the first and the last stage, dp 128, 2048 sequences per iteration.

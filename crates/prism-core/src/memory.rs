@@ -356,8 +356,8 @@ pub fn peak_memory(job: &Job) -> (u32, MemoryBreakdown) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::fixtures::{llama3_405b_job, small_job};
-    use crate::job::{Activation, Model, Precision};
+    use crate::job::Precision;
+    use crate::job::fixtures::{gpt3_175b_model, llama3_405b_job, small_job};
 
     const GIB: f64 = (1u64 << 30) as f64;
 
@@ -365,21 +365,7 @@ mod tests {
     /// 96 heads, s 2048, t 8, b 1; here on 512 GPUs (tp 8, pp 8, dp 8), 8 micro-batches.
     fn gpt3_job(sp: bool, recompute: Recompute) -> Job {
         let mut job = small_job(64, 8, 8, 64);
-        job.model = Model {
-            name: "gpt3-175b".into(),
-            layers: 96,
-            hidden: 12288,
-            ffn_hidden: 4 * 12288,
-            heads: 96,
-            kv_heads: 96,
-            head_dim: 128,
-            vocab: 51200,
-            seq_len: 2048,
-            activation: Activation::Gelu,
-            moe: None,
-            tied_embeddings: true,
-            dropout: true,
-        };
+        job.model = gpt3_175b_model();
         job.parallel.sequence_parallel = sp;
         job.parallel.recompute = recompute;
         // Korthikanti et al. measured Megatron's unfused attention with dropout.
