@@ -55,6 +55,10 @@ pub struct PredictArgs {
     /// Simulate even when a stage does not fit in GPU memory.
     #[arg(long)]
     allow_oom: bool,
+    /// Simulate every rank of every sample with the event-driven engine (network contention
+    /// re-simulated per sample) instead of the max-plus step model.
+    #[arg(long)]
+    per_rank: bool,
     /// Write an SVG of the step-time and training-time CDFs with the guarantee marked.
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
@@ -217,9 +221,31 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         .clusters
         .unwrap_or((args.samples as u64 / 20).max(1))
         .clamp(1, args.samples as u64);
+    // The max-plus step model (frozen communication durations, exact order-statistic draws)
+    // when the job and the jitter allow it; otherwise every rank runs in the engine.
+    let probe = draw_in(job, v, seed, 0, clusters);
+    let step_model = if args.per_rank || probe.is_symmetric() {
+        None
+    } else {
+        prism_core::maxplus::StepModel::new(job, &SimOptions::default())
+            .ok()
+            .and_then(|m| m.fast_stats(&probe).ok().map(|f| (m, f)))
+    };
+    let method = match (&step_model, probe.is_symmetric()) {
+        (_, true) => "ranks stay symmetric: one representative per stage, exact",
+        (Some(_), false) => "max-plus step model: every GPU, frozen communication durations",
+        (None, false) => "every rank simulated by the engine",
+    };
     let sample_steps: Vec<f64> = (0..args.samples as u64)
         .into_par_iter()
         .map(|i| {
+            if let Some((m, fast)) = &step_model {
+                let p = draw_in(job, v, seed, i, clusters);
+                let rng = stats::stream_rng(seed, &[5, i]);
+                let r = m.sample_fast(fast, &p.rank_factor, p.comm_factor, rng);
+                bar.inc(1);
+                return r;
+            }
             // Exact shortcut: a perturbation that treats every rank alike (a shared network
             // regime only) keeps the ranks symmetric, so one representative per stage suffices.
             let p = draw_in(job, v, seed, i, clusters);
@@ -335,7 +361,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         let s5 = |s: &stats::Summary5, scale: f64| serde_json::json!({"mean": s.mean / scale, "p50": s.p50 / scale, "p90": s.p90 / scale, "p95": s.p95 / scale, "p99": s.p99 / scale, "min": s.min / scale, "max": s.max / scale});
         let v = serde_json::json!({
             "name": job.name, "num_gpus": job.num_gpus(), "tokens": args.tokens, "iterations": iterations,
-            "samples": args.samples,
+            "samples": args.samples, "step_method": method,
             "clusters": clusters, "runs": args.runs, "seed": seed,
             "step_time_s": s5(&step, 1.0),
             "training_time_days": s5(&total, day),
@@ -358,13 +384,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     );
     println!(
         "  {} Monte Carlo iterations ({}) on {clusters} clusters of GPUs, {} end-to-end runs, seed {seed}",
-        args.samples,
-        if v.gpu_speed.is_none() && v.kernel_jitter.is_empty() {
-            "ranks stay symmetric: one representative per stage, exact"
-        } else {
-            "every rank simulated"
-        },
-        args.runs
+        args.samples, method, args.runs
     );
     println!();
     println!(

@@ -112,7 +112,7 @@ impl Perturbation {
     }
 
     /// Time factor of kernel `op` (of `class`) on `rank`.
-    fn kernel_factor(&self, rank: u32, op: u32, class: OpClass) -> f64 {
+    pub(crate) fn kernel_factor(&self, rank: u32, op: u32, class: OpClass) -> f64 {
         let mut f = self.rank_factor.get(rank as usize).copied().unwrap_or(1.0);
         for (c, d) in &self.jitter {
             if c.is_none_or(|c| c == class) {

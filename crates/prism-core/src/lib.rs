@@ -34,6 +34,7 @@ pub mod flops;
 pub mod graph;
 pub mod job;
 pub mod layout;
+pub mod maxplus;
 pub mod memory;
 pub mod network;
 pub mod ops;

@@ -30,6 +30,10 @@
 //! it into the final model, `slow_s` the stretch those steps suffered, and `lost_s` everything
 //! rolled back by failures.
 //!
+//! Published failure figures convert to the per-GPU rate with [`rate_per_gpu_hour_from_mttf`]
+//! (a job MTTF at a job size), [`rate_per_gpu_hour_from_node_days`] (a rate per node-day) and
+//! [`MttfScaling`] (a power law `MTTF(n) = a n^-b` through two job sizes).
+//!
 //! The core does no I/O; all randomness comes from the caller's generator.
 
 use rand::RngExt;
@@ -95,6 +99,153 @@ pub fn job_mtbf_s(failures: &Failures, gpus: u64) -> f64 {
         1.0 / per_s
     } else {
         f64::INFINITY
+    }
+}
+
+/// Why a failure rate could not be derived from published figures.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+pub enum RateError {
+    /// An input (an MTTF, a GPU count, a rate) is zero, negative or not finite.
+    #[error("{what} must be positive and finite, got {value}")]
+    NotPositive {
+        /// Which input.
+        what: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// A two-point fit was given the same GPU count twice.
+    #[error("a two-point fit needs two different GPU counts, got {0} twice")]
+    SameGpuCount(u64),
+    /// The inputs are valid but the result overflows or underflows (is not a positive finite
+    /// number).
+    #[error("the derived {0} is out of range (overflow or underflow)")]
+    OutOfRange(&'static str),
+}
+
+fn positive(what: &'static str, value: f64) -> Result<f64, RateError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(value)
+    } else {
+        Err(RateError::NotPositive { what, value })
+    }
+}
+
+fn positive_count(what: &'static str, n: u64) -> Result<f64, RateError> {
+    positive(what, n as f64)
+}
+
+fn in_range(what: &'static str, value: f64) -> Result<f64, RateError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(value)
+    } else {
+        Err(RateError::OutOfRange(what))
+    }
+}
+
+/// Per-GPU-hour failure rate implied by a job-level mean time to failure: a synchronous job
+/// stops when any of its GPUs fails, so with `gpus` independent GPUs of rate `r` the job rate is
+/// `gpus x r` and `r = 1 / (mttf_hours x gpus)`.
+///
+/// Kokolis et al. (arXiv:2410.21680): MTTF 7.9 h at 1,024 GPUs gives `1 / 8089.6` = 1.236e-4
+/// per GPU-hour. Errors when an input is not positive and finite.
+pub fn rate_per_gpu_hour_from_mttf(mttf_hours: f64, gpus: u64) -> Result<f64, RateError> {
+    let m = positive("MTTF (hours)", mttf_hours)?;
+    let n = positive_count("GPU count", gpus)?;
+    in_range("rate per GPU-hour", 1.0 / (m * n))
+}
+
+/// Failures per node-day implied by a job-level MTTF, for nodes of `gpus_per_node` GPUs:
+/// `24 x gpus_per_node / (mttf_hours x gpus)` (the inverse is the per-node MTBF in days).
+///
+/// MTTF 7.9 h at 1,024 GPUs with 8 GPUs per node: 0.0237 per node-day (23.7 per 1000
+/// node-days), a per-node MTBF of 42.1 days. Errors when an input is not positive and finite.
+pub fn failures_per_node_day_from_mttf(
+    mttf_hours: f64,
+    gpus: u64,
+    gpus_per_node: u64,
+) -> Result<f64, RateError> {
+    let r = rate_per_gpu_hour_from_mttf(mttf_hours, gpus)?;
+    let g = positive_count("GPUs per node", gpus_per_node)?;
+    in_range("failures per node-day", r * 24.0 * g)
+}
+
+/// Per-GPU-hour rate from a rate per node-day: `per_node_day / (24 x gpus_per_node)` (failures
+/// of a node are charged evenly to its GPUs; for a whole-node job the split does not matter).
+///
+/// 6.50 per 1000 node-days with 8 GPUs per node: 3.39e-5 per GPU-hour. Errors when an input is
+/// not positive and finite.
+pub fn rate_per_gpu_hour_from_node_days(
+    failures_per_node_day: f64,
+    gpus_per_node: u64,
+) -> Result<f64, RateError> {
+    let r = positive("failures per node-day", failures_per_node_day)?;
+    let g = positive_count("GPUs per node", gpus_per_node)?;
+    in_range("rate per GPU-hour", r / (24.0 * g))
+}
+
+/// Job MTTF as a power law of the job size: `MTTF(n) = a x n^-b` hours for a job of `n` GPUs.
+///
+/// `b = 1` is the independent-failure model of [`rate_per_gpu_hour_from_mttf`] (the job rate
+/// grows linearly with its size, the per-GPU rate is constant); `b > 1` means large jobs fail
+/// more often per GPU than small ones (e.g. more network components per GPU, or failures
+/// that spread), `b < 1` less often. The per-GPU rate is `n^(b-1) / a`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MttfScaling {
+    /// MTTF of a one-GPU job, hours (the prefactor).
+    pub a: f64,
+    /// Exponent: how fast the MTTF falls with the job size.
+    pub b: f64,
+}
+
+impl MttfScaling {
+    /// The independent-failure model (`b = 1`) through one point: `a = mttf_hours x gpus`.
+    /// Errors when an input is not positive and finite.
+    pub fn independent(mttf_hours: f64, gpus: u64) -> Result<Self, RateError> {
+        let r = rate_per_gpu_hour_from_mttf(mttf_hours, gpus)?;
+        Ok(MttfScaling { a: 1.0 / r, b: 1.0 })
+    }
+
+    /// The power law through two `(GPUs, MTTF in hours)` points:
+    /// `b = ln(m1 / m2) / ln(n2 / n1)`, `a = m1 x n1^b`.
+    ///
+    /// Kokolis et al. (arXiv:2410.21680, Fig. 7): (8 GPUs, 47.7 days = 1144.8 h) and
+    /// (1024 GPUs, 7.9 h) give `b = 1.0256`, close to independent failures. Errors when a GPU
+    /// count or MTTF is not positive and finite, when both counts are equal, or when the fit
+    /// overflows.
+    pub fn fit_two_points(
+        (n1, mttf1_hours): (u64, f64),
+        (n2, mttf2_hours): (u64, f64),
+    ) -> Result<Self, RateError> {
+        let x1 = positive_count("GPU count", n1)?;
+        let x2 = positive_count("GPU count", n2)?;
+        let m1 = positive("MTTF (hours)", mttf1_hours)?;
+        let m2 = positive("MTTF (hours)", mttf2_hours)?;
+        if n1 == n2 {
+            return Err(RateError::SameGpuCount(n1));
+        }
+        let b = (m1.ln() - m2.ln()) / (x2.ln() - x1.ln());
+        if !b.is_finite() {
+            return Err(RateError::OutOfRange("exponent"));
+        }
+        let a = in_range("prefactor", (m1.ln() + b * x1.ln()).exp())?;
+        Ok(MttfScaling { a, b })
+    }
+
+    /// Predicted MTTF of a job of `gpus` GPUs, hours: `a x gpus^-b` (`inf` for 0 GPUs when
+    /// `b > 0`).
+    pub fn mttf_hours(&self, gpus: u64) -> f64 {
+        self.a * (gpus as f64).powf(-self.b)
+    }
+
+    /// Predicted per-GPU-hour failure rate at `gpus` GPUs: `1 / (MTTF(gpus) x gpus)` =
+    /// `gpus^(b-1) / a`, usable as [`Failures::rate_per_gpu_hour`] for a job of that size.
+    pub fn rate_per_gpu_hour(&self, gpus: u64) -> f64 {
+        (gpus as f64).powf(self.b - 1.0) / self.a
+    }
+
+    /// Expected failures of a `gpus`-GPU job in `hours` of wall time: `hours / MTTF(gpus)`.
+    pub fn expected_failures(&self, gpus: u64, hours: f64) -> f64 {
+        hours / self.mttf_hours(gpus)
     }
 }
 

@@ -84,12 +84,12 @@ pub fn stream_rng(seed: u64, stream: &[u64]) -> Xoshiro256PlusPlus {
 // ------------------------------------------------------------------------------------------
 
 /// Standard normal CDF `Phi(z) = erfc(-z / sqrt 2) / 2`.
-fn std_normal_cdf(z: f64) -> f64 {
+pub(crate) fn std_normal_cdf(z: f64) -> f64 {
     0.5 * erfc(-z / std::f64::consts::SQRT_2)
 }
 
 /// Standard normal quantile `Phi^-1(p) = -sqrt 2 erfc^-1(2p)`, for `p` in `[0, 1]`.
-fn std_normal_quantile(p: f64) -> f64 {
+pub(crate) fn std_normal_quantile(p: f64) -> f64 {
     if p <= 0.0 {
         f64::NEG_INFINITY
     } else if p >= 1.0 {

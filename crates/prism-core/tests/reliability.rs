@@ -3,9 +3,10 @@
 //! stretch. All runs are seeded (deterministic); tolerances are several standard errors wide.
 
 use prism_core::reliability::{
-    RunModel, RunOutcome, clt_block, daly_interval_s, effective_training_ratio, exact_block,
-    expected_interruptions, expected_slow_fraction, first_order_ettr, job_mtbf_s, simulate_run,
-    young_interval_s,
+    MttfScaling, RateError, RunModel, RunOutcome, clt_block, daly_interval_s,
+    effective_training_ratio, exact_block, expected_interruptions, expected_slow_fraction,
+    failures_per_node_day_from_mttf, first_order_ettr, job_mtbf_s, rate_per_gpu_hour_from_mttf,
+    rate_per_gpu_hour_from_node_days, simulate_run, young_interval_s,
 };
 use prism_core::variability::{Dist, FailSlow, Failures};
 use rand::SeedableRng;
@@ -196,6 +197,244 @@ fn llama3_interruptions_over_54_days() {
         0.02,
         "ETTR vs first order",
     );
+}
+
+/// Mean interruptions per 54 days of wall time over seeded runs of ~15 s lognormal steps, with
+/// the simulated count checked against `lambda x T` (the martingale `N(T) - lambda T` has
+/// variance `lambda E[T]`, so the aggregate is within 4 sqrt(expected) at ~4 sigma).
+/// Returns (mean scaled to 54 days, its standard error over the runs, total simulated /
+/// expected).
+fn simulated_54_days(f: &Failures, gpus: u64, steps: u64, runs: u64) -> (f64, f64, f64) {
+    let model = RunModel {
+        steps,
+        gpus,
+        failures: Some(f.clone()),
+        fail_slow: None,
+    };
+    let (mut ints, mut expected, mut wall) = (0.0, 0.0, 0.0);
+    let mut scaled = Vec::new();
+    for seed in 0..runs {
+        let ln = LogNormal::new(15f64.ln(), 0.05).unwrap();
+        let mut step = move |r: &mut Xoshiro256PlusPlus| ln.sample(r);
+        let o = simulate_run(&mut step, &model, &mut rng(seed));
+        assert!(o.completed);
+        assert_accounting(&o);
+        assert!(
+            o.total_s >= 54.0 * DAY,
+            "run covers only {:.1} days",
+            o.total_s / DAY
+        );
+        ints += o.interruptions as f64;
+        expected += expected_interruptions(f, gpus, o.total_s);
+        wall += o.total_s;
+        scaled.push(o.interruptions as f64 * 54.0 * DAY / o.total_s);
+    }
+    assert!(
+        (ints - expected).abs() <= 4.0 * expected.sqrt(),
+        "simulated {ints} vs expected {expected} interruptions (4 sigma = {:.0})",
+        4.0 * expected.sqrt()
+    );
+    println!(
+        "  {runs} runs at {:.3e} /GPU-h: {ints} interruptions, {:.1} days of wall time per run \
+         on average",
+        f.rate_per_gpu_hour,
+        wall / runs as f64 / DAY
+    );
+    let n = scaled.len() as f64;
+    let mean = scaled.iter().sum::<f64>() / n;
+    let var = scaled.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, (var / n).sqrt(), ints / expected)
+}
+
+#[test]
+fn meta_research_cluster_rate_predicts_llama3_interruptions() {
+    // Source figures. Kokolis et al., arXiv:2410.21680 (Meta RSC-1/RSC-2, A100), Fig. 7: job
+    // MTTF 7.9 h at 1,024 GPUs and 47.7 days at 8 GPUs. Llama 3, arXiv:2407.21783 Sec 3.3.4:
+    // 419 unexpected interruptions in 54 days on 16,384 H100s.
+    let (mttf_1024_h, mttf_8_h) = (7.9, 47.7 * 24.0);
+    let (gpus, hours, published) = (16_384_u64, 54.0 * 24.0, 419.0);
+    let gpus_per_node = 8;
+    let nodes = (gpus / gpus_per_node) as f64;
+
+    // Independent GPUs: r = 1 / (MTTF x GPUs) = 1 / 8089.6 per GPU-hour.
+    let r_lin = rate_per_gpu_hour_from_mttf(mttf_1024_h, 1024).unwrap();
+    assert_eq!(r_lin, 1.0 / (7.9 * 1024.0));
+    assert_close(
+        r_lin,
+        1.2362e-4,
+        1e-4,
+        "per-GPU-hour rate from 7.9 h at 1,024 GPUs",
+    );
+    // Per 8-GPU node: 24 x 8 / 8089.6 = 0.02373 per node-day, an MTBF of 42.1 days (the
+    // commentator's "about 42 days").
+    let per_node_day = failures_per_node_day_from_mttf(mttf_1024_h, 1024, gpus_per_node).unwrap();
+    assert_close(per_node_day, 192.0 / 8089.6, 1e-12, "failures per node-day");
+    assert_close(1.0 / per_node_day, 42.13, 1e-3, "per-node MTBF, days");
+    // The 8-GPU figure alone: one node, 1 / 47.7 per node-day.
+    let r_8 = rate_per_gpu_hour_from_mttf(mttf_8_h, 8).unwrap();
+    assert_close(
+        r_8 * 24.0 * 8.0,
+        1.0 / 47.7,
+        1e-12,
+        "node rate from 8-GPU jobs",
+    );
+
+    // Linear prediction for Llama 3: 16,384 x 1296 / 8089.6 = 20736 / 7.9 = 2624.8.
+    let f_lin = failures(r_lin, 300.0, 30.0, 300.0);
+    let pred_lin = expected_interruptions(&f_lin, gpus, hours * 3600.0);
+    assert_close(pred_lin, 20_736.0 / 7.9, 1e-12, "linear prediction");
+    let pred_8 = r_8 * gpus as f64 * hours;
+    assert_close(
+        pred_8,
+        2048.0 * 54.0 / 47.7,
+        1e-12,
+        "prediction from 8-GPU jobs",
+    );
+
+    // Two-point power law through (8, 47.7 d) and (1024, 7.9 h):
+    // b = ln(1144.8 / 7.9) / ln(128) = 1.0256, slightly faster than linear.
+    let fit = MttfScaling::fit_two_points((8, mttf_8_h), (1024, mttf_1024_h)).unwrap();
+    assert_close(
+        fit.b,
+        (1144.8f64 / 7.9).ln() / 128f64.ln(),
+        1e-12,
+        "exponent",
+    );
+    assert_close(fit.b, 1.0256, 1e-4, "exponent");
+    assert_close(
+        fit.mttf_hours(8),
+        mttf_8_h,
+        1e-12,
+        "fit through the 8-GPU point",
+    );
+    assert_close(
+        fit.mttf_hours(1024),
+        mttf_1024_h,
+        1e-12,
+        "fit through the 1024-GPU point",
+    );
+    let mttf_16k = fit.mttf_hours(gpus);
+    assert_close(
+        mttf_16k,
+        7.9 * 16f64.powf(-fit.b),
+        1e-12,
+        "MTTF at 16,384 GPUs",
+    );
+    let pred_pow = fit.expected_failures(gpus, hours);
+    let r_pow = fit.rate_per_gpu_hour(gpus);
+    assert_close(
+        r_pow * gpus as f64 * hours,
+        pred_pow,
+        1e-12,
+        "rate vs MTTF form",
+    );
+    // b = 1 through one point is the linear model.
+    let indep = MttfScaling::independent(mttf_1024_h, 1024).unwrap();
+    assert_close(
+        indep.expected_failures(gpus, hours),
+        pred_lin,
+        1e-12,
+        "b = 1 is linear",
+    );
+
+    // Secondary-only node rates (unverified): 6.50 (RSC-1) and 2.34 (RSC-2) per 1000 node-days
+    // on 2,048 nodes for 54 days: 718.8 and 258.8.
+    let secondary: Vec<(&str, f64, f64)> = [("RSC-1", 6.50e-3), ("RSC-2", 2.34e-3)]
+        .into_iter()
+        .map(|(name, per_node_day)| {
+            let r = rate_per_gpu_hour_from_node_days(per_node_day, gpus_per_node).unwrap();
+            let pred = r * gpus as f64 * hours;
+            assert_close(pred, per_node_day * nodes * 54.0, 1e-12, name);
+            (name, r, pred)
+        })
+        .collect();
+    assert_close(secondary[0].2, 718.8, 1e-3, "RSC-1 prediction");
+    assert_close(secondary[1].2, 258.8, 1e-3, "RSC-2 prediction");
+
+    // Simulated: 250,000 steps of ~15 s with a checkpoint every 300 s (Young's interval for
+    // 30 s writes at a ~30 min job MTBF is ~330 s) and 5 min restarts: ETTR ~0.66, so each run
+    // covers 62-64 days of wall time; ~3,000-3,400 interruptions per run.
+    let runs = 8;
+    let (sim_lin, se_lin, ratio_lin) = simulated_54_days(&f_lin, gpus, 250_000, runs);
+    let f_pow = failures(r_pow, 300.0, 30.0, 300.0);
+    let (sim_pow, se_pow, ratio_pow) = simulated_54_days(&f_pow, gpus, 250_000, runs);
+    // The run-to-run spread of a count of ~2,600 is ~sqrt(2600) = 51, so the standard error of
+    // the mean of 8 runs is ~18 (0.7 %); 4 standard errors or 3 %, whichever is wider.
+    for (sim, se, pred, what) in [
+        (sim_lin, se_lin, pred_lin, "linear"),
+        (sim_pow, se_pow, pred_pow, "power law"),
+    ] {
+        assert!(
+            (sim - pred).abs() <= (4.0 * se).max(0.03 * pred),
+            "{what}: simulated {sim:.1} +- {se:.1} vs closed form {pred:.1}"
+        );
+    }
+
+    println!("published (Llama 3, 16,384 H100, 54 days): {published} unexpected interruptions");
+    println!(
+        "7.9 h @ 1024 GPUs, linear: {r_lin:.4e} /GPU-h = {:.2} /1000 node-days (node MTBF \
+         {:.1} d); predicted {pred_lin:.1}, ratio {:.2}; simulated {sim_lin:.1} +- {se_lin:.1} \
+         (ratio {:.2}, sim / lambda T {ratio_lin:.4})",
+        per_node_day * 1000.0,
+        1.0 / per_node_day,
+        pred_lin / published,
+        sim_lin / published,
+    );
+    println!(
+        "47.7 d @ 8 GPUs, linear: {r_8:.4e} /GPU-h = {:.2} /1000 node-days; predicted \
+         {pred_8:.1}, ratio {:.2}",
+        r_8 * 24.0 * 8.0 * 1000.0,
+        pred_8 / published,
+    );
+    println!(
+        "power law a = {:.1} h, b = {:.4}: MTTF(16,384) = {mttf_16k:.4} h, {r_pow:.4e} /GPU-h; \
+         predicted {pred_pow:.1}, ratio {:.2}; simulated {sim_pow:.1} +- {se_pow:.1} (ratio \
+         {:.2}, sim / lambda T {ratio_pow:.4})",
+        fit.a,
+        fit.b,
+        pred_pow / published,
+        sim_pow / published,
+    );
+    for (name, r, pred) in &secondary {
+        println!(
+            "secondary {name}: {r:.4e} /GPU-h; predicted {pred:.1}, ratio {:.2}",
+            pred / published
+        );
+    }
+
+    // The band. The research-cluster figures predict 6.3x (linear) to 6.7x (power law) the
+    // published count. 419 is one Poisson count: the 95 % interval of its mean is
+    // 419 +- 1.96 sqrt(419) = [379, 459], which moves the ratios to [5.7, 6.9] and [6.1, 7.4].
+    // The band [5.5, 7.5] holds both with that uncertainty; a ratio outside it means a changed
+    // model or changed inputs, not noise.
+    let half = 1.96 * published.sqrt();
+    for (pred, what) in [(pred_lin, "linear"), (pred_pow, "power law")] {
+        let ratio = pred / published;
+        assert!((5.5..=7.5).contains(&ratio), "{what}: ratio {ratio:.2}");
+        // Even against the top of the published count's interval the gap is over 5x.
+        assert!(pred / (published + half) > 5.0, "{what}");
+    }
+    // The secondary node rates bracket the published count (1.7x and 0.62x).
+    assert!(secondary[0].2 > published && secondary[1].2 < published);
+
+    // Bad inputs are errors, not panics.
+    assert!(matches!(
+        rate_per_gpu_hour_from_mttf(0.0, 1024),
+        Err(RateError::NotPositive { .. })
+    ));
+    assert!(rate_per_gpu_hour_from_mttf(f64::NAN, 1024).is_err());
+    assert!(rate_per_gpu_hour_from_mttf(7.9, 0).is_err());
+    assert!(rate_per_gpu_hour_from_mttf(f64::INFINITY, 1024).is_err());
+    assert!(failures_per_node_day_from_mttf(7.9, 1024, 0).is_err());
+    assert!(rate_per_gpu_hour_from_node_days(-1.0, 8).is_err());
+    assert_eq!(
+        MttfScaling::fit_two_points((8, 10.0), (8, 5.0)),
+        Err(RateError::SameGpuCount(8))
+    );
+    assert!(MttfScaling::fit_two_points((0, 10.0), (8, 5.0)).is_err());
+    assert!(MttfScaling::fit_two_points((8, -1.0), (16, 5.0)).is_err());
+    assert!(MttfScaling::fit_two_points((2, f64::MAX), (4, f64::MIN_POSITIVE)).is_err());
+    assert!(MttfScaling::independent(7.9, 0).is_err());
 }
 
 #[test]

@@ -1,0 +1,259 @@
+//! The max-plus step model against the per-rank engine.
+
+use prism_core::engine::{Mode, Perturbation, SimOptions, simulate};
+use prism_core::job::Job;
+use prism_core::job::fixtures::{llama3_405b_job, small_job};
+use prism_core::maxplus::StepModel;
+use prism_core::ops::OpClass;
+use prism_core::variability::Dist;
+
+fn engine(job: &Job, mode: Mode, p: Option<Perturbation>) -> f64 {
+    simulate(
+        job,
+        &SimOptions {
+            mode,
+            perturbation: p,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap()
+    .summary
+    .iteration_time_s
+}
+
+/// With nominal durations the model reproduces the engine's iteration time exactly.
+#[test]
+fn nominal_equals_the_engine() {
+    for job in [
+        small_job(1, 2, 2, 16),
+        small_job(4, 2, 2, 32),
+        small_job(8, 4, 4, 64),
+        llama3_405b_job(),
+    ] {
+        let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+        let want = engine(&job, Mode::Reduced, None);
+        assert_eq!(m.nominal_s(), want);
+        let got = m.evaluate_nominal().unwrap();
+        println!("{}: engine {want} model {got}", job.num_gpus());
+        assert_eq!(got, want, "{} GPUs", job.num_gpus());
+    }
+}
+
+/// Inside one node communication does not depend on timing, so the model with the engine's
+/// own draws equals the engine's perturbed per-rank run to the picosecond.
+#[test]
+fn exact_sampler_equals_the_per_rank_engine_in_a_node() {
+    let job = small_job(1, 2, 2, 16);
+    let n = job.num_gpus() as usize;
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+    for seed in 0..20u64 {
+        let p = Perturbation {
+            rank_factor: (0..n)
+                .map(|r| 1.0 + 0.03 * ((r as u64 * 7 + seed) % 5) as f64)
+                .collect(),
+            jitter: vec![
+                (
+                    Some(OpClass::Gemm),
+                    Dist::Normal {
+                        mean: 1.0,
+                        std: 0.05,
+                    },
+                ),
+                (
+                    None,
+                    Dist::LogNormal {
+                        mu: 0.0,
+                        sigma: 0.02,
+                    },
+                ),
+            ],
+            comm_factor: 1.0,
+            seed,
+        };
+        let want = engine(&job, Mode::Full, Some(p.clone()));
+        let got = m.sample_exact(&p).unwrap();
+        assert_eq!(got, want, "seed {seed}");
+    }
+}
+
+/// Two-sample Kolmogorov-Smirnov distance.
+fn ks2(mut a: Vec<f64>, mut b: Vec<f64>) -> f64 {
+    a.sort_by(f64::total_cmp);
+    b.sort_by(f64::total_cmp);
+    let (mut i, mut j, mut d) = (0usize, 0usize, 0.0f64);
+    while i < a.len() && j < b.len() {
+        let x = a[i].min(b[j]);
+        while i < a.len() && a[i] <= x {
+            i += 1;
+        }
+        while j < b.len() && b[j] <= x {
+            j += 1;
+        }
+        d = d.max((i as f64 / a.len() as f64 - j as f64 / b.len() as f64).abs());
+    }
+    d
+}
+
+fn mean_sd(x: &[f64]) -> (f64, f64) {
+    let m = x.iter().sum::<f64>() / x.len() as f64;
+    let v = x.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (x.len() - 1) as f64;
+    (m, v.sqrt())
+}
+
+/// The fast sampler (per-segment normal sums, one order-statistic draw for the slowest of the
+/// i.i.d. TP lanes) has the law of the per-kernel sampler: two-sample KS at the 0.1% level and
+/// means within 4 standard errors, with and without persistent per-GPU speeds.
+#[test]
+fn fast_sampler_has_the_law_of_the_per_kernel_sampler() {
+    let job = small_job(4, 4, 2, 32);
+    let n = job.num_gpus() as usize;
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+    let jitter = vec![
+        (
+            Some(OpClass::Gemm),
+            Dist::Normal {
+                mean: 1.0,
+                std: 0.06,
+            },
+        ),
+        (
+            Some(OpClass::Attention),
+            Dist::Normal {
+                mean: 1.02,
+                std: 0.04,
+            },
+        ),
+        (
+            Some(OpClass::Elementwise),
+            Dist::Normal {
+                mean: 1.0,
+                std: 0.1,
+            },
+        ),
+    ];
+    let samples = 600;
+    for speeds in [false, true] {
+        let rank_factor: Vec<f64> = if speeds {
+            (0..n).map(|r| 1.0 + 0.02 * ((r * 7) % 5) as f64).collect()
+        } else {
+            Vec::new()
+        };
+        let p = |seed: u64| Perturbation {
+            rank_factor: rank_factor.clone(),
+            jitter: jitter.clone(),
+            comm_factor: 1.0,
+            seed,
+        };
+        let fast_stats = m.fast_stats(&p(0)).unwrap();
+        let exact: Vec<f64> = (0..samples)
+            .map(|s| m.sample_exact(&p(s)).unwrap())
+            .collect();
+        let fast: Vec<f64> = (0..samples)
+            .map(|s| {
+                m.sample_fast(
+                    &fast_stats,
+                    &rank_factor,
+                    1.0,
+                    prism_core::stats::stream_rng(99, &[s]),
+                )
+                .unwrap()
+            })
+            .collect();
+        let d = ks2(exact.clone(), fast.clone());
+        let crit = 1.95 * (2.0 / samples as f64).sqrt();
+        let (me, se) = mean_sd(&exact);
+        let (mf, sf) = mean_sd(&fast);
+        let err = ((se * se + sf * sf) / samples as f64).sqrt();
+        println!(
+            "speeds {speeds}: exact mean {me:.6e} sd {se:.3e}, fast mean {mf:.6e} sd {sf:.3e}, \
+             KS {d:.4} (critical {crit:.4})"
+        );
+        assert!(d < crit, "KS {d} >= {crit}");
+        assert!((me - mf).abs() < 4.0 * err, "means {me} vs {mf} (se {err})");
+        assert!(
+            se > 0.0 && (sf / se - 1.0).abs() < 0.2,
+            "spread {se} vs {sf}"
+        );
+    }
+}
+
+/// Persistent per-GPU speeds alone draw nothing: the fast sampler is the per-kernel one up to
+/// picosecond rounding (one per kernel).
+#[test]
+fn fast_sampler_with_speeds_only_is_deterministic_and_exact() {
+    let job = small_job(4, 4, 2, 32);
+    let n = job.num_gpus() as usize;
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+    let rank_factor: Vec<f64> = (0..n).map(|r| 1.0 + 0.01 * ((r * 5) % 9) as f64).collect();
+    let p = Perturbation {
+        rank_factor: rank_factor.clone(),
+        ..Perturbation::default()
+    };
+    let fs = m.fast_stats(&p).unwrap();
+    let exact = m.sample_exact(&p).unwrap();
+    let a = m
+        .sample_fast(
+            &fs,
+            &rank_factor,
+            1.0,
+            prism_core::stats::stream_rng(1, &[1]),
+        )
+        .unwrap();
+    let b = m
+        .sample_fast(
+            &fs,
+            &rank_factor,
+            1.0,
+            prism_core::stats::stream_rng(2, &[2]),
+        )
+        .unwrap();
+    assert_eq!(a, b, "no randomness without jitter");
+    // Rounding: one picosecond per kernel at most (the engine rounds each kernel and gives a
+    // kernel at least 1 ps; the fast sampler rounds each segment).
+    let kernels = job_kernels(&job) as f64;
+    println!("speeds only: fast {a} per-kernel {exact} kernels {kernels}");
+    assert!((a - exact).abs() <= kernels * 1e-12, "{a} vs {exact}");
+    assert!(a > m.nominal_s());
+}
+
+/// Unsupported jobs and jitter are errors (callers fall back to the engine), never panics.
+#[test]
+fn unsupported_inputs_are_errors() {
+    let mut job = small_job(4, 2, 2, 32);
+    job.parallel.cp = 2;
+    job.parallel.dp /= 2;
+    assert!(StepModel::new(&job, &SimOptions::default()).is_err());
+    let job = small_job(4, 2, 2, 32);
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+    let p = Perturbation {
+        jitter: vec![(
+            None,
+            Dist::LogNormal {
+                mu: 0.0,
+                sigma: 0.02,
+            },
+        )],
+        ..Perturbation::default()
+    };
+    assert!(m.fast_stats(&p).is_err());
+    let p = Perturbation::default();
+    let fs = m.fast_stats(&p).unwrap();
+    assert!(
+        m.sample_fast(&fs, &[1.0; 3], 1.0, prism_core::stats::stream_rng(0, &[0]))
+            .is_err()
+    );
+    assert!(
+        m.sample_fast(&fs, &[], f64::NAN, prism_core::stats::stream_rng(0, &[0]))
+            .is_err()
+    );
+}
+
+/// Kernels of the busiest stage program.
+fn job_kernels(job: &Job) -> usize {
+    prism_core::graph::ExecutionGraph::build(job)
+        .programs
+        .iter()
+        .map(|p| p.stream_ops[0].len())
+        .max()
+        .unwrap_or(0)
+}
