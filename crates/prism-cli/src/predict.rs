@@ -64,24 +64,6 @@ pub struct PredictArgs {
     plot: Option<PathBuf>,
 }
 
-fn op_class(name: &str) -> Option<OpClass> {
-    use OpClass::*;
-    [
-        Gemm,
-        Attention,
-        Norm,
-        Elementwise,
-        Softmax,
-        Embedding,
-        Loss,
-        Router,
-        Optimizer,
-        Framework,
-    ]
-    .into_iter()
-    .find(|c| c.name() == name)
-}
-
 /// Applies a `prism fit` distribution table (`[variability.distributions] table`): a row named
 /// after an op class (or `all`) becomes that class's kernel jitter, a row named `comm` the
 /// communication regime; each duration distribution is divided by its mean, giving a time
@@ -102,7 +84,7 @@ fn with_fit_table(
         let factor = d.scaled(1.0 / mean);
         if sig == "comm" {
             v.comm_regime = Some(CommRegime { factor });
-        } else if sig == "all" || op_class(sig).is_some() {
+        } else if sig == "all" || OpClass::from_name(sig).is_some() {
             v.kernel_jitter.retain(|j| j.class != *sig);
             v.kernel_jitter.push(KernelJitter {
                 class: sig.clone(),
@@ -155,7 +137,7 @@ pub(crate) fn draw_in(
             let class = if j.class == "all" {
                 None
             } else {
-                Some(op_class(&j.class)?)
+                Some(OpClass::from_name(&j.class)?)
             };
             Some((class, j.factor.clone()))
         })

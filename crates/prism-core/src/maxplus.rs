@@ -111,6 +111,13 @@ impl StageProg {
         let p = self.pos[op as usize];
         (p > 0).then(|| self.stream_ops[self.stream[op as usize] as usize][p as usize - 1])
     }
+
+    /// Everything `op` waits for: its stream predecessor and its dependencies.
+    fn preds(&self, op: u32) -> impl Iterator<Item = u32> + '_ {
+        self.stream_pred(op)
+            .into_iter()
+            .chain(self.deps_of(op).iter().copied())
+    }
 }
 
 /// Per-segment statistics of the fast sampler.
@@ -120,7 +127,7 @@ struct SegStats {
     mean: Vec<Vec<f64>>,
     /// Standard deviation (ps), per stage.
     sd: Vec<Vec<f64>>,
-    /// Factor mean and standard deviation per op class (in [`ALL_CLASSES`] order).
+    /// Factor mean and standard deviation per op class, indexed by `class as usize`.
     class: Vec<(f64, f64)>,
 }
 
@@ -260,8 +267,8 @@ impl StepModel {
 
     /// Whether [`StepModel::sample_fast`] can draw this perturbation's kernel jitter.
     pub fn fast_stats(&self, p: &Perturbation) -> Result<FastStats, SimError> {
-        let mut per_class = Vec::new();
-        for class in ALL_CLASSES {
+        let mut class_factor = Vec::with_capacity(OpClass::ALL.len());
+        for class in OpClass::ALL {
             let mut k = 1.0;
             let mut normal: Option<(f64, f64)> = None;
             for (c, d) in &p.jitter {
@@ -289,14 +296,8 @@ impl StepModel {
                 }
             }
             let (m, s) = normal.unwrap_or((1.0, 0.0));
-            per_class.push((class, k * m, k * s));
+            class_factor.push((k * m, k * s));
         }
-        let factor = |c: OpClass| {
-            per_class
-                .iter()
-                .find(|x| x.0 == c)
-                .map_or((1.0, 0.0), |x| (x.1, x.2))
-        };
         let mut mean = Vec::new();
         let mut sd = Vec::new();
         for st in &self.stages {
@@ -306,7 +307,7 @@ impl StepModel {
                 if let MKind::Seg { k0, k1, .. } = *k {
                     let mut var = 0.0;
                     for j in k0..k1 {
-                        let (mu, sigma) = factor(st.kclass[j as usize]);
+                        let (mu, sigma) = class_factor[st.kclass[j as usize] as usize];
                         let d = st.kd[j as usize] as f64;
                         m[i] += d * mu;
                         var += (d * sigma) * (d * sigma);
@@ -321,7 +322,7 @@ impl StepModel {
             stats: SegStats {
                 mean,
                 sd,
-                class: per_class.iter().map(|x| (x.1, x.2)).collect(),
+                class: class_factor,
             },
             table: MaxTable::new(self.layout.tp),
         })
@@ -382,8 +383,15 @@ impl StepModel {
             .collect();
         let mut end_max: SimTime = 0;
         let mut ready = vec![0 as SimTime; l];
-        let mut lane_f = vec![1.0f64; l];
+        // Persistent per-GPU factors of the current replica, `l` per stage.
+        let mut lane_fs = vec![1.0f64; pp * l];
         for r in 0..dp {
+            if let Draw::Fast { rank_factor, .. } = draw {
+                for (i, f) in lane_fs.iter_mut().enumerate() {
+                    let (s, lane) = (i / l, i % l);
+                    *f = lane_factor(&self.layout, rank_factor, r, s as u32, lane as u32);
+                }
+            }
             for inst in insts.iter_mut() {
                 inst.pc = [0; NUM_STREAMS];
                 inst.mail_full.iter_mut().for_each(|x| *x = false);
@@ -393,11 +401,7 @@ impl StepModel {
                 let mut moved = false;
                 for s in 0..pp {
                     let st = &self.stages[s];
-                    if let Draw::Fast { rank_factor, .. } = draw {
-                        for (lane, f) in lane_f.iter_mut().enumerate() {
-                            *f = lane_factor(&self.layout, rank_factor, r, s as u32, lane as u32);
-                        }
-                    }
+                    let lane_f = &lane_fs[s * l..(s + 1) * l];
                     let mut mask: u8 = (1u16 << NUM_STREAMS) as u8 - 1;
                     while mask != 0 {
                         let sidx = mask.trailing_zeros() as usize;
@@ -427,7 +431,7 @@ impl StepModel {
                             // Inputs: stream predecessor and dependencies.
                             let uni_in = gather(st, inst, op, l, &mut ready);
                             let (uni_out, send) = self.eval_op(
-                                st, s as u32, r, op, uni_in, &mut ready, &lane_f, draw, &scale,
+                                st, s as u32, r, op, uni_in, &mut ready, lane_f, draw, &scale,
                                 &insts[s],
                             );
                             let inst = &mut insts[s];
@@ -497,15 +501,9 @@ impl StepModel {
             };
             let store = &mut store[s];
             for &op in &st.tail_ops {
-                let preds: Vec<u32> = st
-                    .stream_pred(op)
-                    .into_iter()
-                    .chain(st.deps_of(op).iter().copied())
-                    .collect();
                 let ready_of = |store: &Vec<SimTime>, r: usize, lane: usize| {
-                    preds
-                        .iter()
-                        .map(|&p| store[at(r, p, lane)])
+                    st.preds(op)
+                        .map(|p| store[at(r, p, lane)])
                         .max()
                         .unwrap_or(0)
                 };
@@ -615,11 +613,7 @@ impl StepModel {
                     rng,
                     ..
                 } => {
-                    let ci = ALL_CLASSES
-                        .iter()
-                        .position(|&c| c == st.kclass[k as usize])
-                        .expect("class");
-                    let (mu, sigma) = stats.class[ci];
+                    let (mu, sigma) = stats.class[st.kclass[k as usize] as usize];
                     let z: f64 = if sigma > 0.0 {
                         StandardNormal.sample(rng)
                     } else {
@@ -667,20 +661,12 @@ impl StepModel {
             }
             MKind::Local { d } => {
                 let d = scale(d);
-                if uni_in {
-                    ready[0] += d;
-                } else {
-                    ready.iter_mut().for_each(|t| *t += d);
-                }
+                add_to_lanes(ready, uni_in, d);
                 (uni_in, None)
             }
             MKind::Send { d, delta, slot } => {
                 let d = scale(d);
-                if uni_in {
-                    ready[0] += d;
-                } else {
-                    ready.iter_mut().for_each(|t| *t += d);
-                }
+                add_to_lanes(ready, uni_in, d);
                 (uni_in, Some((delta, slot)))
             }
             MKind::Recv { slot } => {
@@ -759,11 +745,7 @@ impl StepModel {
                         unreachable!("segment")
                     };
                     let d: SimTime = (k0..k1).map(|k| st.kd[k as usize]).sum();
-                    if uni_in {
-                        ready[0] += d;
-                    } else {
-                        ready.iter_mut().for_each(|t| *t += d);
-                    }
+                    add_to_lanes(ready, uni_in, d);
                     return (uni_in, None);
                 }
                 let t0 = ready[0];
@@ -790,19 +772,6 @@ pub struct FastStats {
     table: MaxTable,
 }
 
-const ALL_CLASSES: [OpClass; 10] = [
-    OpClass::Gemm,
-    OpClass::Attention,
-    OpClass::Norm,
-    OpClass::Elementwise,
-    OpClass::Softmax,
-    OpClass::Embedding,
-    OpClass::Loss,
-    OpClass::Router,
-    OpClass::Optimizer,
-    OpClass::Framework,
-];
-
 fn check_comm_factor(c: f64) -> Result<(), SimError> {
     if c.is_finite() && c > 0.0 {
         Ok(())
@@ -823,6 +792,15 @@ fn lane_factor(layout: &Layout, rank_factor: &[f64], replica: u32, stage: u32, l
         dp: replica,
         pp: stage,
     }) as usize]
+}
+
+/// Adds `d` to the ready time(s): lane 0 only when every lane holds the same time.
+fn add_to_lanes(ready: &mut [SimTime], uni: bool, d: SimTime) {
+    if uni {
+        ready[0] += d;
+    } else {
+        ready.iter_mut().for_each(|t| *t += d);
+    }
 }
 
 fn lane_end(inst: &Inst, op: u32, lane: usize, l: usize) -> SimTime {
@@ -943,6 +921,8 @@ fn compile_stage(
                 match group {
                     _ if size == 1 => MKind::Local { d },
                     GroupKind::Tp => MKind::Tp { d },
+                    // A head collective is reached at the same time on every lane and replica.
+                    GroupKind::Dp if head_orig[op as usize] => MKind::Local { d },
                     GroupKind::Dp => MKind::Dp { d },
                     other => {
                         return Err(unsupported(format!(
@@ -997,25 +977,12 @@ fn compile_stage(
         out.gate_off.push(out.gates.len() as u32);
     }
     let m = out.kind.len();
-    // Head data-parallel collectives: only earlier head DP collectives before them.
-    let mut head = vec![false; m];
+    // The tail: data-parallel collectives that are not head collectives (those became `Local`
+    // above), and everything after them.
     let mut tail = vec![false; m];
     for i in 0..m as u32 {
-        let preds: Vec<u32> = out
-            .stream_pred(i)
-            .into_iter()
-            .chain(out.deps_of(i).iter().copied())
-            .collect();
-        if let MKind::Dp { d } = out.kind[i as usize] {
-            if preds.iter().all(|&q| head[q as usize]) {
-                head[i as usize] = true;
-                out.kind[i as usize] = MKind::Local { d };
-                continue;
-            }
-            tail[i as usize] = true;
-            continue;
-        }
-        tail[i as usize] = preds.iter().any(|&q| tail[q as usize]);
+        tail[i as usize] = matches!(out.kind[i as usize], MKind::Dp { .. })
+            || out.preds(i).any(|q| tail[q as usize]);
     }
     // Boundary ops (non-tail inputs of tail ops) and the tail store's slots.
     out.slot = vec![u32::MAX; m];
@@ -1037,11 +1004,7 @@ fn compile_stage(
             ));
         }
         out.tail_ops.push(i);
-        let preds: Vec<u32> = out
-            .stream_pred(i)
-            .into_iter()
-            .chain(out.deps_of(i).iter().copied())
-            .collect();
+        let preds: Vec<u32> = out.preds(i).collect();
         for q in preds {
             if !tail[q as usize] && out.slot[q as usize] == u32::MAX {
                 out.slot[q as usize] = out.slots;

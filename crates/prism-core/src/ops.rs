@@ -28,6 +28,25 @@ pub enum OpClass {
 }
 
 impl OpClass {
+    /// Every class, in declaration order (`OpClass::ALL[c as usize] == c`).
+    pub const ALL: [OpClass; 10] = [
+        OpClass::Gemm,
+        OpClass::Attention,
+        OpClass::Norm,
+        OpClass::Elementwise,
+        OpClass::Softmax,
+        OpClass::Embedding,
+        OpClass::Loss,
+        OpClass::Router,
+        OpClass::Optimizer,
+        OpClass::Framework,
+    ];
+
+    /// The class named `name` (as [`OpClass::name`] spells it).
+    pub fn from_name(name: &str) -> Option<OpClass> {
+        OpClass::ALL.into_iter().find(|c| c.name() == name)
+    }
+
     /// Lower-case name used in reports and kernel tables.
     pub fn name(self) -> &'static str {
         match self {
