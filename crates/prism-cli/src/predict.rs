@@ -155,6 +155,79 @@ pub(crate) fn draw_in(
     }
 }
 
+/// Monte Carlo step times of `samples` iterations (sample `i` on cluster `i % clusters`), with
+/// the max-plus step model when the job and the jitter allow it (unless `per_rank`), otherwise
+/// with the per-rank engine; `bar` advances once per sample. Returns the samples in index
+/// order and a description of the method used.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sample_steps(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    samples: u64,
+    clusters: u64,
+    per_rank: bool,
+    base_opts: &SimOptions,
+    bar: &indicatif::ProgressBar,
+) -> Result<(Vec<f64>, &'static str)> {
+    use rayon::prelude::*;
+    // The max-plus step model (frozen communication durations, exact order-statistic draws)
+    // when the job and the jitter allow it; otherwise every rank runs in the engine.
+    let probe = draw_in(job, v, seed, 0, clusters);
+    let step_model = if per_rank || probe.is_symmetric() {
+        None
+    } else {
+        prism_core::maxplus::StepModel::new(job, base_opts)
+            .ok()
+            .and_then(|m| m.fast_stats(&probe).ok().map(|f| (m, f)))
+    };
+    let method = match (&step_model, probe.is_symmetric()) {
+        (_, true) => "ranks stay symmetric: one representative per stage, exact",
+        (Some(_), false) => "max-plus step model: every GPU, frozen communication durations",
+        (None, false) => "every rank simulated by the engine",
+    };
+    let steps: Vec<f64> = (0..samples)
+        .into_par_iter()
+        .map(|i| {
+            if let Some((m, fast)) = &step_model {
+                let p = draw_in(job, v, seed, i, clusters);
+                let rng = stats::stream_rng(seed, &[5, i]);
+                let r = m.sample_fast(fast, &p.rank_factor, p.comm_factor, rng);
+                bar.inc(1);
+                return r;
+            }
+            // Exact shortcut: a perturbation that treats every rank alike (a shared network
+            // regime only) keeps the ranks symmetric, so one representative per stage suffices.
+            let p = draw_in(job, v, seed, i, clusters);
+            let mode = if p.is_symmetric() {
+                Mode::Reduced
+            } else {
+                Mode::Full
+            };
+            let opts = SimOptions {
+                mode,
+                perturbation: Some(p),
+                ..base_opts.clone()
+            };
+            let r = match prism_core::simulate(job, &opts) {
+                Err(prism_core::engine::SimError::Asymmetric(_)) => prism_core::simulate(
+                    job,
+                    &SimOptions {
+                        mode: Mode::Full,
+                        ..opts
+                    },
+                ),
+                other => other,
+            }
+            .map(|r| r.summary.iteration_time_s);
+            bar.inc(1);
+            r
+        })
+        .collect::<Result<Vec<f64>, _>>()
+        .context("simulation failed")?;
+    Ok((steps, method))
+}
+
 pub fn run(args: &PredictArgs) -> Result<()> {
     use rayon::prelude::*;
     if !(args.tokens.is_finite() && args.tokens > 0.0) {
@@ -203,66 +276,30 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         .clusters
         .unwrap_or((args.samples as u64 / 20).max(1))
         .clamp(1, args.samples as u64);
-    // The max-plus step model (frozen communication durations, exact order-statistic draws)
-    // when the job and the jitter allow it; otherwise every rank runs in the engine.
-    let probe = draw_in(job, v, seed, 0, clusters);
-    let step_model = if args.per_rank || probe.is_symmetric() {
-        None
-    } else {
-        prism_core::maxplus::StepModel::new(job, &SimOptions::default())
-            .ok()
-            .and_then(|m| m.fast_stats(&probe).ok().map(|f| (m, f)))
+    let kernel_table = match &loaded.kernel_table {
+        Some(path) => Some(prism_io::kernel_table::read_kernel_table(path)?),
+        None => None,
     };
-    let method = match (&step_model, probe.is_symmetric()) {
-        (_, true) => "ranks stay symmetric: one representative per stage, exact",
-        (Some(_), false) => "max-plus step model: every GPU, frozen communication durations",
-        (None, false) => "every rank simulated by the engine",
+    let base_opts = SimOptions {
+        kernel_table,
+        ..SimOptions::default()
     };
-    let sample_steps: Vec<f64> = (0..args.samples as u64)
-        .into_par_iter()
-        .map(|i| {
-            if let Some((m, fast)) = &step_model {
-                let p = draw_in(job, v, seed, i, clusters);
-                let rng = stats::stream_rng(seed, &[5, i]);
-                let r = m.sample_fast(fast, &p.rank_factor, p.comm_factor, rng);
-                bar.inc(1);
-                return r;
-            }
-            // Exact shortcut: a perturbation that treats every rank alike (a shared network
-            // regime only) keeps the ranks symmetric, so one representative per stage suffices.
-            let p = draw_in(job, v, seed, i, clusters);
-            let mode = if p.is_symmetric() {
-                Mode::Reduced
-            } else {
-                Mode::Full
-            };
-            let opts = SimOptions {
-                mode,
-                perturbation: Some(p),
-                ..SimOptions::default()
-            };
-            let r = match prism_core::simulate(job, &opts) {
-                Err(prism_core::engine::SimError::Asymmetric(_)) => prism_core::simulate(
-                    job,
-                    &SimOptions {
-                        mode: Mode::Full,
-                        ..opts
-                    },
-                ),
-                other => other,
-            }
-            .map(|r| r.summary.iteration_time_s);
-            bar.inc(1);
-            r
-        })
-        .collect::<Result<Vec<f64>, _>>()
-        .context("simulation failed")?;
+    let (sample_steps, method) = sample_steps(
+        job,
+        v,
+        seed,
+        args.samples as u64,
+        clusters,
+        args.per_rank,
+        &base_opts,
+        &bar,
+    )?;
     bar.finish_and_clear();
     let mut steps = sample_steps.clone();
     steps.sort_by(f64::total_cmp);
     let step = stats::summarize(&steps);
     // --- p95 critical-path attribution (begin) ---
-    let p95_attr = p95_attribution(job, v, seed, clusters, &sample_steps, step.p95)?;
+    let p95_attr = p95_attribution(job, v, seed, clusters, &sample_steps, step.p95, &base_opts)?;
     // --- p95 critical-path attribution (end) ---
     // Whole runs.
     let iterations = (args.tokens / job.tokens_per_iteration() as f64).ceil() as u64;
@@ -429,6 +466,7 @@ fn p95_attribution(
     clusters: u64,
     samples: &[f64],
     p95: f64,
+    base_opts: &SimOptions,
 ) -> Result<P95Attribution> {
     let (i, &step_s) = samples
         .iter()
@@ -455,7 +493,7 @@ fn p95_attribution(
         mode: Mode::Full,
         perturbation: Some(draw_in(job, v, seed, i as u64, clusters)),
         record_ranks,
-        ..SimOptions::default()
+        ..base_opts.clone()
     };
     let r = prism_core::simulate(job, &opts).context("p95 re-simulation failed")?;
     Ok(P95Attribution {
