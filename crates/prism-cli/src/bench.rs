@@ -5,7 +5,9 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use prism_core::engine::{Mode, SimOptions};
+use prism_core::engine::{Mode, Perturbation, SimOptions};
+use prism_core::ops::OpClass;
+use prism_core::variability::Dist;
 
 use crate::BenchArgs;
 
@@ -13,8 +15,25 @@ struct Scenario {
     name: &'static str,
     what: &'static str,
     sets: &'static [&'static str],
-    mode: Mode,
+    run: Run,
 }
+
+/// What a scenario times.
+#[derive(Clone)]
+enum Run {
+    /// One engine simulation.
+    Engine(Mode),
+    /// One Monte Carlo sample of the max-plus step model on one thread (compiled once,
+    /// untimed): per-GPU speeds (normal 3%, 1% outliers at 1.1x) and/or normal 2% jitter on
+    /// GEMMs and attention.
+    Step { speeds: bool, jitter: bool },
+}
+
+const SETS_64K: &[&str] = &[
+    "cluster.nodes=8192",
+    "parallel.dp=512",
+    "training.global_batch=8192",
+];
 
 fn scenarios() -> Vec<Scenario> {
     // Smallest first: the allocator keeps freed memory, so each high-water mark is its own.
@@ -23,25 +42,90 @@ fn scenarios() -> Vec<Scenario> {
             name: "llama3-405b-16k-reduced",
             what: "default job, one representative per pipeline stage",
             sets: &[],
-            mode: Mode::Reduced,
+            run: Run::Engine(Mode::Reduced),
         },
         Scenario {
             name: "llama3-405b-16k-full",
             what: "default job: Llama 3 405B, 16,384 H100, tp 8 pp 16 dp 128, every rank",
             sets: &[],
-            mode: Mode::Full,
+            run: Run::Engine(Mode::Full),
         },
         Scenario {
             name: "llama3-405b-64k-full",
             what: "same model on 65,536 H100 (dp 512, global batch 8192), every rank",
-            sets: &[
-                "cluster.nodes=8192",
-                "parallel.dp=512",
-                "training.global_batch=8192",
-            ],
-            mode: Mode::Full,
+            sets: SETS_64K,
+            run: Run::Engine(Mode::Full),
+        },
+        Scenario {
+            name: "step-64k-jitter",
+            what: "step model, 65,536 H100: one sample, normal 2% GEMM/attention jitter",
+            sets: SETS_64K,
+            run: Run::Step {
+                speeds: false,
+                jitter: true,
+            },
+        },
+        Scenario {
+            name: "step-64k-speeds",
+            what: "step model, 65,536 H100: one sample, per-GPU speeds",
+            sets: SETS_64K,
+            run: Run::Step {
+                speeds: true,
+                jitter: false,
+            },
+        },
+        Scenario {
+            name: "step-64k-speeds-jitter",
+            what: "step model, 65,536 H100: one sample, per-GPU speeds and jitter",
+            sets: SETS_64K,
+            run: Run::Step {
+                speeds: true,
+                jitter: true,
+            },
         },
     ]
+}
+
+/// The step scenarios' variability: per-GPU speeds N(1, 0.03) with 1% of GPUs 1.1x slower,
+/// and N(1, 0.02) jitter on GEMMs and attention (seeded, so every run times the same work).
+fn step_perturbation(gpus: usize, speeds: bool, jitter: bool) -> Perturbation {
+    use rand::RngExt;
+    let mut rng = prism_core::stats::stream_rng(7, &[1]);
+    let normal = Dist::Normal {
+        mean: 1.0,
+        std: 0.03,
+    };
+    let rank_factor = if speeds {
+        (0..gpus)
+            .map(|_| {
+                let f = normal.sample(&mut rng);
+                if rng.random::<f64>() < 0.01 {
+                    f * 1.1
+                } else {
+                    f
+                }
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let j = Dist::Normal {
+        mean: 1.0,
+        std: 0.02,
+    };
+    let jitter = if jitter {
+        vec![
+            (Some(OpClass::Gemm), j.clone()),
+            (Some(OpClass::Attention), j),
+        ]
+    } else {
+        Vec::new()
+    };
+    Perturbation {
+        rank_factor,
+        jitter,
+        ..Perturbation::default()
+    }
 }
 
 fn peak_rss_reset() -> bool {
@@ -78,21 +162,40 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let job = prism_io::jobfile::default_job(&sets)
             .with_context(|| format!("scenario {}", sc.name))?
             .job;
-        let opts = SimOptions {
-            mode: sc.mode.clone(),
-            ..SimOptions::default()
-        };
         let rss_ok = peak_rss_reset();
         let mut times = Vec::new();
         let mut iteration = 0.0;
         let mut events = 0;
-        for _ in 0..repeat {
-            let t0 = Instant::now();
-            let r = prism_core::simulate(&job, &opts)
-                .with_context(|| format!("scenario {}", sc.name))?;
-            times.push(t0.elapsed().as_secs_f64());
-            iteration = r.summary.iteration_time_s;
-            events = r.events;
+        match &sc.run {
+            Run::Engine(mode) => {
+                let opts = SimOptions {
+                    mode: mode.clone(),
+                    ..SimOptions::default()
+                };
+                for _ in 0..repeat {
+                    let t0 = Instant::now();
+                    let r = prism_core::simulate(&job, &opts)
+                        .with_context(|| format!("scenario {}", sc.name))?;
+                    times.push(t0.elapsed().as_secs_f64());
+                    iteration = r.summary.iteration_time_s;
+                    events = r.events;
+                }
+            }
+            &Run::Step { speeds, jitter } => {
+                let p = step_perturbation(job.num_gpus() as usize, speeds, jitter);
+                let m = prism_core::maxplus::StepModel::new(&job, &SimOptions::default())
+                    .with_context(|| format!("scenario {}", sc.name))?;
+                let fast = m
+                    .fast_stats(&p)
+                    .with_context(|| format!("scenario {}", sc.name))?;
+                for i in 0..repeat as u64 {
+                    let t0 = Instant::now();
+                    iteration = m
+                        .sample_fast(&fast, &p.rank_factor, 1.0, i)
+                        .with_context(|| format!("scenario {}", sc.name))?;
+                    times.push(t0.elapsed().as_secs_f64());
+                }
+            }
         }
         let rss = if rss_ok { peak_rss_bytes() } else { None };
         let med = median(&mut times);

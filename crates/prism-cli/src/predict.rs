@@ -100,11 +100,6 @@ fn with_fit_table(
     Ok(v)
 }
 
-/// Draws the perturbation of Monte Carlo sample `i`, each sample on its own cluster.
-pub(crate) fn draw(job: &Job, v: &Variability, seed: u64, i: u64) -> Perturbation {
-    draw_in(job, v, seed, i, u64::MAX)
-}
-
 /// Draws the perturbation of sample `i` on cluster `i % clusters`: the persistent per-GPU
 /// speeds belong to the cluster (the same GPUs for every step of a run); kernel jitter and the
 /// communication regime are fresh for every iteration.
@@ -170,6 +165,29 @@ pub(crate) fn sample_steps(
     base_opts: &SimOptions,
     bar: &indicatif::ProgressBar,
 ) -> Result<(Vec<f64>, &'static str)> {
+    let (steps, method, _) =
+        sample_steps_with_model(job, v, seed, samples, clusters, per_rank, base_opts, bar)?;
+    Ok((steps, method))
+}
+
+/// The compiled step model and its fast statistics, when [`sample_steps`] used them.
+type FastModel = (
+    prism_core::maxplus::StepModel,
+    prism_core::maxplus::FastStats,
+);
+
+/// [`sample_steps`], also returning the step model it used (if any).
+#[allow(clippy::too_many_arguments)]
+fn sample_steps_with_model(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    samples: u64,
+    clusters: u64,
+    per_rank: bool,
+    base_opts: &SimOptions,
+    bar: &indicatif::ProgressBar,
+) -> Result<(Vec<f64>, &'static str, Option<FastModel>)> {
     use rayon::prelude::*;
     // The max-plus step model (frozen communication durations, exact order-statistic draws)
     // when the job and the jitter allow it; otherwise every rank runs in the engine.
@@ -191,8 +209,7 @@ pub(crate) fn sample_steps(
         .map(|i| {
             if let Some((m, fast)) = &step_model {
                 let p = draw_in(job, v, seed, i, clusters);
-                let rng = stats::stream_rng(seed, &[5, i]);
-                let r = m.sample_fast(fast, &p.rank_factor, p.comm_factor, rng);
+                let r = m.sample_fast(fast, &p.rank_factor, p.comm_factor, sample_seed(seed, i));
                 bar.inc(1);
                 return r;
             }
@@ -225,7 +242,12 @@ pub(crate) fn sample_steps(
         })
         .collect::<Result<Vec<f64>, _>>()
         .context("simulation failed")?;
-    Ok((steps, method))
+    Ok((steps, method, step_model))
+}
+
+/// The random seed of step-model sample `i`.
+fn sample_seed(seed: u64, i: u64) -> u64 {
+    stats::stream_rng(seed, &[5, i]).random::<u64>()
 }
 
 pub fn run(args: &PredictArgs) -> Result<()> {
@@ -284,7 +306,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         kernel_table,
         ..SimOptions::default()
     };
-    let (sample_steps, method) = sample_steps(
+    let (sample_steps, method, step_model) = sample_steps_with_model(
         job,
         v,
         seed,
@@ -299,7 +321,16 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     steps.sort_by(f64::total_cmp);
     let step = stats::summarize(&steps);
     // --- p95 critical-path attribution (begin) ---
-    let p95_attr = p95_attribution(job, v, seed, clusters, &sample_steps, step.p95, &base_opts)?;
+    let p95_attr = p95_attribution(
+        job,
+        v,
+        seed,
+        clusters,
+        &sample_steps,
+        step.p95,
+        &base_opts,
+        step_model.as_ref(),
+    )?;
     // --- p95 critical-path attribution (end) ---
     // Whole runs.
     let iterations = (args.tokens / job.tokens_per_iteration() as f64).ceil() as u64;
@@ -449,16 +480,26 @@ struct P95Attribution {
     /// Sample index and its step time.
     sample: u64,
     step_s: f64,
-    /// True when every rank was recorded (else one DP replica per stage).
+    /// How the path was found.
+    method: &'static str,
+    /// True when every rank is a candidate of the path (else one DP replica per stage).
     all_ranks: bool,
-    attr: prism_core::attribution::Attribution,
+    /// Ops and collectives: (name, class, seconds), largest first.
+    ops: Vec<(String, String, f64)>,
+    /// Ranks and tensor-parallel groups: (name, kind, seconds), largest first.
+    who: Vec<(String, String, f64)>,
+    path_s: f64,
+    wait_s: f64,
 }
 
-/// Re-simulates the sample whose step time is the smallest at or above `p95` (the first such
-/// sample on ties), with the same perturbation, recording every rank for jobs of up to 4096
-/// GPUs; larger jobs record the ranks of the first data-parallel replica of every stage (all
-/// its tp x cp ranks), so the path is followed across stages and tensor/context groups but
-/// waits on a straggler outside that replica are charged to the collective it delays.
+/// Attributes the sample whose step time is the smallest at or above `p95` (the first such
+/// sample on ties). With the step model: the model's own critical path of that sample (the same
+/// draws, every GPU). Otherwise the sample is re-simulated by the engine with the same
+/// perturbation, recording every rank for jobs of up to 4096 GPUs; larger jobs record the ranks
+/// of the first data-parallel replica of every stage (all its tp x cp ranks), so the path is
+/// followed across stages and tensor/context groups but waits on a straggler outside that
+/// replica are charged to the collective it delays.
+#[allow(clippy::too_many_arguments)]
 fn p95_attribution(
     job: &Job,
     v: &Variability,
@@ -467,6 +508,7 @@ fn p95_attribution(
     samples: &[f64],
     p95: f64,
     base_opts: &SimOptions,
+    step_model: Option<&FastModel>,
 ) -> Result<P95Attribution> {
     let (i, &step_s) = samples
         .iter()
@@ -475,6 +517,50 @@ fn p95_attribution(
         .min_by(|a, b| a.1.total_cmp(b.1).then(a.0.cmp(&b.0)))
         .or_else(|| samples.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)))
         .context("no step-time samples")?;
+    let p = draw_in(job, v, seed, i as u64, clusters);
+    let top_ops = |by_op: &[(String, f64)],
+                   class_of: &std::collections::BTreeMap<String, String>| {
+        by_op
+            .iter()
+            .take(TOP_CONTRIBUTORS)
+            .map(|(name, t)| {
+                let class = class_of.get(name).cloned().unwrap_or_default();
+                (name.clone(), class, *t)
+            })
+            .collect()
+    };
+    if let Some((m, fast)) = step_model {
+        let a = m
+            .attribute_fast(
+                fast,
+                &p.rank_factor,
+                p.comm_factor,
+                sample_seed(seed, i as u64),
+            )
+            .context("p95 critical path failed")?;
+        let mut who: Vec<(String, String, f64)> = a
+            .by_rank
+            .iter()
+            .map(|(r, t)| (format!("rank {r}"), "rank".to_string(), *t))
+            .chain(
+                a.by_tp_group
+                    .iter()
+                    .map(|(r, t)| (format!("tp group of rank {r}"), "tp_group".to_string(), *t)),
+            )
+            .collect();
+        who.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        who.truncate(TOP_CONTRIBUTORS);
+        return Ok(P95Attribution {
+            sample: i as u64,
+            step_s,
+            method: "step-model critical path, every GPU",
+            all_ranks: true,
+            ops: top_ops(&a.by_op, &a.class_of),
+            who,
+            path_s: a.path_s,
+            wait_s: 0.0,
+        });
+    }
     let n = job.num_gpus() as u32;
     let all_ranks = n <= 4096;
     let record_ranks: Vec<u32> = if all_ranks {
@@ -491,43 +577,39 @@ fn p95_attribution(
     };
     let opts = SimOptions {
         mode: Mode::Full,
-        perturbation: Some(draw_in(job, v, seed, i as u64, clusters)),
+        perturbation: Some(p),
         record_ranks,
         ..base_opts.clone()
     };
     let r = prism_core::simulate(job, &opts).context("p95 re-simulation failed")?;
+    let attr = prism_core::attribution::critical_path(&r);
     Ok(P95Attribution {
         sample: i as u64,
         step_s,
+        method: "engine re-simulation",
         all_ranks,
-        attr: prism_core::attribution::critical_path(&r),
+        ops: top_ops(&attr.by_op, &attr.class_of),
+        who: attr
+            .by_rank
+            .iter()
+            .take(TOP_CONTRIBUTORS)
+            .map(|(r, t)| (format!("rank {r}"), "rank".to_string(), *t))
+            .collect(),
+        path_s: attr.path_s,
+        wait_s: attr.wait_s,
     })
 }
 
 impl P95Attribution {
-    /// The top ops and collectives (kind: their class), then the top ranks (kind "rank").
+    /// The top ops and collectives (kind: their class), then the top ranks (kind "rank") and
+    /// tensor-parallel groups (kind "tp_group").
     fn top(&self) -> Vec<(String, String, f64)> {
-        let ops = self
-            .attr
-            .by_op
-            .iter()
-            .take(TOP_CONTRIBUTORS)
-            .map(|(name, t)| {
-                let class = self.attr.class_of.get(name).cloned().unwrap_or_default();
-                (name.clone(), class, *t)
-            });
-        let ranks = self
-            .attr
-            .by_rank
-            .iter()
-            .take(TOP_CONTRIBUTORS)
-            .map(|(r, t)| (format!("rank {r}"), "rank".to_string(), *t));
-        ops.chain(ranks).collect()
+        self.ops.iter().chain(&self.who).cloned().collect()
     }
 
     fn share(&self, t: f64) -> f64 {
-        if self.attr.path_s > 0.0 {
-            t / self.attr.path_s
+        if self.path_s > 0.0 {
+            t / self.path_s
         } else {
             0.0
         }
@@ -546,26 +628,25 @@ impl P95Attribution {
 
     fn meta_json(&self) -> serde_json::Value {
         serde_json::json!({"sample": self.sample, "step_time_s": self.step_s,
-                           "path_s": self.attr.path_s, "wait_s": self.attr.wait_s,
-                           "all_ranks_recorded": self.all_ranks})
+                           "path_s": self.path_s, "wait_s": self.wait_s,
+                           "all_ranks_recorded": self.all_ranks, "method": self.method})
     }
 
     fn print(&self) {
         println!();
         println!(
-            "  top {TOP_CONTRIBUTORS} contributors to the p95 step (critical path): sample {}, step {:.3} s, path {:.3} s{}",
+            "  top {TOP_CONTRIBUTORS} contributors to the p95 step ({}): sample {}, step {:.3} s, path {:.3} s{}",
+            self.method,
             self.sample,
             self.step_s,
-            self.attr.path_s,
+            self.path_s,
             if self.all_ranks {
                 ""
             } else {
                 " (first DP replica of every stage recorded)"
             }
         );
-        let rows = self.top();
-        let (ops, ranks): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.1 != "rank");
-        for (name, kind, t) in ops {
+        for (name, kind, t) in &self.ops {
             println!(
                 "    {:<28} {:<12} {:>9.4} s  {:>5.1}%",
                 name,
@@ -574,11 +655,12 @@ impl P95Attribution {
                 100.0 * self.share(*t)
             );
         }
-        let ranks: Vec<String> = ranks
+        let who: Vec<String> = self
+            .who
             .iter()
             .map(|(name, _, t)| format!("{name} {:.1}%", 100.0 * self.share(*t)))
             .collect();
-        println!("    by rank: {}", ranks.join(", "));
+        println!("    by rank: {}", who.join(", "));
     }
 }
 // --- p95 critical-path attribution (end) ---

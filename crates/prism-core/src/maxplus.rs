@@ -38,6 +38,8 @@
 //! Scope: dense models (no expert parallelism) with `cp = 1` and a symmetric placement; other
 //! jobs get [`SimError::InvalidOption`] and callers fall back to the per-rank engine.
 
+use std::collections::BTreeMap;
+
 use rand::RngExt;
 use rand_distr::{Distribution, StandardNormal};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -89,6 +91,8 @@ struct StageProg {
     kd: Vec<SimTime>,
     kclass: Vec<OpClass>,
     kop: Vec<u32>,
+    /// Original op id of each macro-op (a segment's first kernel).
+    orig_op: Vec<u32>,
     /// Gates of each segment (CSR): (kernel index, op) where a kernel inside the segment also
     /// waits for a parameter all-gather that is the same on every lane and replica.
     gate_off: Vec<u32>,
@@ -110,6 +114,24 @@ impl StageProg {
     fn stream_pred(&self, op: u32) -> Option<u32> {
         let p = self.pos[op as usize];
         (p > 0).then(|| self.stream_ops[self.stream[op as usize] as usize][p as usize - 1])
+    }
+
+    /// Index of `op` (a boundary or tail op) of replica `r`, lane `lane`, in the tail store.
+    fn tail_at(&self, r: usize, op: u32, lane: usize, l: usize) -> usize {
+        (r * self.slots as usize + self.slot[op as usize] as usize) * l + lane
+    }
+
+    /// Ready time of tail op `op` on replica `r`, lane `lane`: the latest end among its
+    /// predecessors in the tail store, and that predecessor (the first on ties).
+    fn tail_ready(&self, store: &[f64], r: usize, op: u32, lane: usize, l: usize) -> (f64, u32) {
+        let mut best = (0.0f64, u32::MAX);
+        for p in self.preds(op) {
+            let e = store[self.tail_at(r, p, lane, l)];
+            if best.1 == u32::MAX || e > best.0 {
+                best = (e, p);
+            }
+        }
+        best
     }
 
     /// Everything `op` waits for: its stream predecessor and its dependencies.
@@ -171,33 +193,377 @@ impl MaxTable {
 pub struct StepModel {
     layout: Layout,
     stages: Vec<StageProg>,
+    /// The execution graph (op names for attribution).
+    graph: ExecutionGraph,
     nominal_s: f64,
+    /// The replica program with nominal durations (no lane differs from another).
+    nominal_tape: Tape,
 }
 
-/// Per-stage evaluation state of one replica.
+/// Where a macro-op's end lives in a replica's value array: one time shared by every lane of
+/// the stage, or one per lane (`lanes` consecutive values).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Val {
+    at: u32,
+    lanes: bool,
+}
+
+/// What an instruction of the replica program computes.
+#[derive(Clone, Copy, Debug)]
+enum Code {
+    /// Ends at its latest input plus `d` (times the communication regime): a collective of a
+    /// group of one, a head data-parallel collective, a send, or (`d = 0`) a receive.
+    Add { d: SimTime },
+    /// A tensor-parallel collective: starts at the latest input over every lane.
+    Tp { d: SimTime },
+    /// A segment: nominal time `m` (ps), standard deviation `sd` of its fast draw, gates in
+    /// `Tape::gates[g0..g1]`.
+    Seg {
+        m: f64,
+        sd: f64,
+        collapsible: bool,
+        g0: u32,
+        g1: u32,
+    },
+    /// A fused run of one-time-for-every-lane steps `Tape::steps[s0..s1]`, each starting when
+    /// the previous one ends (see [`Tape::fuse`]).
+    Run { s0: u32, s1: u32 },
+}
+
+/// One step of a fused run: a duration added to the running time, whose end is written to
+/// value `out`.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    out: u32,
+    kind: StepKind,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum StepKind {
+    /// A collective (or receive) of frozen duration `d`, scaled by the communication regime.
+    Comm { d: SimTime },
+    /// A segment whose lanes start together and of which only the latest lane is observable
+    /// (or whose lanes are all alike): nominal `m`, standard deviation `sd`.
+    Seg { m: f64, sd: f64 },
+}
+
+/// One instruction: macro-op `op` of stage `stage`.
+#[derive(Clone, Debug)]
+struct Ins {
+    code: Code,
+    stage: u32,
+    op: u32,
+    out: Val,
+    /// Inputs in `Tape::inputs[i0..i1]`; `lanes_in`: at least one holds per-lane times.
+    i0: u32,
+    i1: u32,
+    lanes_in: bool,
+}
+
+/// A replica's macro-ops as a straight-line program: the dataflow order is the same for every
+/// replica and sample, so it is found once (a static sweep of the stages) and every sample only
+/// replays it. Whether a value is per lane is decided statically too: a segment whose lanes
+/// may differ (jitter, per-GPU speeds) makes its successors per lane until a tensor-parallel
+/// collective joins them again.
 #[derive(Clone, Debug, Default)]
-struct Inst {
-    pc: [u32; NUM_STREAMS],
-    /// End of every op, `lanes` values per op (lane 0 only when `uni`).
-    ends: Vec<SimTime>,
-    uni: Vec<bool>,
-    mail: Vec<SimTime>,
-    mail_full: Vec<bool>,
+struct Tape {
+    ins: Vec<Ins>,
+    inputs: Vec<Val>,
+    steps: Vec<Step>,
+    /// The instructions before fusion, and the one producing each value (critical paths).
+    orig: Vec<Ins>,
+    producer: Vec<u32>,
+    /// (kernel index, value of the gating all-gather).
+    gates: Vec<(u32, Val)>,
+    /// Values per replica.
+    len: usize,
+    /// Value of each macro-op of each stage (`None` for tail ops).
+    val: Vec<Vec<Option<Val>>>,
+    /// Ends that nothing outside the tail waits for: their maximum is the replica's last end
+    /// (every duration is non-negative).
+    sinks: Vec<Val>,
+}
+
+impl Tape {
+    /// Fuses chains of instructions into runs: an instruction whose inputs and output are one
+    /// time for every lane joins the run that produced one of its inputs when every other input
+    /// is an ancestor of the run's last instruction (so it ends no later; every duration is
+    /// non-negative). A run is evaluated as one loop where it starts; the instructions it
+    /// absorbed were placed later, but everything they read is computed by the run or before it.
+    fn fuse(&mut self) {
+        let old = std::mem::take(&mut self.ins);
+        let mut producer = vec![u32::MAX; self.len];
+        for (i, ins) in old.iter().enumerate() {
+            producer[ins.out.at as usize] = i as u32;
+        }
+        // Open runs by the value of their last step: (index in the new list, last old index).
+        let mut open: std::collections::BTreeMap<u32, (usize, u32)> = Default::default();
+        let mut new: Vec<Ins> = Vec::with_capacity(old.len());
+        let mut steps: Vec<Vec<Step>> = Vec::new();
+        let mut step_of = vec![u32::MAX; old.len()];
+        for (i, ins) in old.iter().enumerate() {
+            let inputs = &self.inputs[ins.i0 as usize..ins.i1 as usize];
+            let kind = match ins.code {
+                _ if ins.lanes_in || ins.out.lanes => None,
+                Code::Tp { d } | Code::Add { d } => Some(StepKind::Comm { d }),
+                Code::Seg { m, sd, g0, g1, .. } if g0 == g1 => Some(StepKind::Seg { m, sd }),
+                _ => None,
+            };
+            let Some(kind) = kind else {
+                new.push(ins.clone());
+                continue;
+            };
+            let step = Step {
+                out: ins.out.at,
+                kind,
+            };
+            // A run this instruction can join.
+            let join = inputs.iter().find_map(|v| {
+                let &(run, last) = open.get(&v.at)?;
+                let others_earlier = inputs
+                    .iter()
+                    .filter(|w| w.at != v.at)
+                    .all(|w| self.is_ancestor(&old, &producer, producer[w.at as usize], last));
+                others_earlier.then_some((v.at, run))
+            });
+            match join {
+                Some((at, run)) => {
+                    open.remove(&at);
+                    let Code::Run { s0, .. } = new[run].code else {
+                        unreachable!("open runs are runs")
+                    };
+                    steps[s0 as usize].push(step);
+                    step_of[i] = s0;
+                    open.insert(ins.out.at, (run, i as u32));
+                }
+                None => {
+                    let id = steps.len() as u32;
+                    steps.push(vec![step]);
+                    step_of[i] = id;
+                    open.insert(ins.out.at, (new.len(), i as u32));
+                    new.push(Ins {
+                        code: Code::Run { s0: id, s1: 0 },
+                        ..ins.clone()
+                    });
+                }
+            }
+        }
+        // Lay the runs' steps out contiguously.
+        let mut flat = Vec::with_capacity(old.len());
+        for ins in &mut new {
+            if let Code::Run { s0, .. } = ins.code {
+                let run = &steps[s0 as usize];
+                let start = flat.len() as u32;
+                flat.extend_from_slice(run);
+                ins.code = Code::Run {
+                    s0: start,
+                    s1: flat.len() as u32,
+                };
+            }
+        }
+        self.steps = flat;
+        self.ins = new;
+    }
+
+    /// Whether old instruction `a` is an ancestor of `b` (`a == b` included), by a bounded
+    /// backward search over inputs; "no" when unsure.
+    fn is_ancestor(&self, old: &[Ins], producer: &[u32], a: u32, b: u32) -> bool {
+        const LIMIT: usize = 64;
+        if a == u32::MAX {
+            return false;
+        }
+        let mut stack = vec![b];
+        let mut seen = 0;
+        while let Some(x) = stack.pop() {
+            if x == a {
+                return true;
+            }
+            seen += 1;
+            if seen > LIMIT {
+                return false;
+            }
+            // Inputs are produced earlier in the old order; `a` cannot be reached from below it.
+            if x < a {
+                continue;
+            }
+            let ins = &old[x as usize];
+            for v in &self.inputs[ins.i0 as usize..ins.i1 as usize] {
+                let p = producer[v.at as usize];
+                if p != u32::MAX && p >= a {
+                    stack.push(p);
+                }
+            }
+        }
+        false
+    }
+}
+
+/// Scaling of frozen communication durations by a sample's regime. The engine rounds a scaled
+/// duration to the picosecond (the exact and nominal evaluations do too); the fast sampler need
+/// not.
+#[derive(Clone, Copy, Debug, Default)]
+struct Scale {
+    c: f64,
+    round: bool,
+}
+
+impl Scale {
+    fn new(c: f64, draw: &Draw) -> Self {
+        Scale {
+            c,
+            round: !matches!(draw, Draw::Fast { .. }),
+        }
+    }
+
+    #[inline]
+    fn of(self, d: SimTime) -> f64 {
+        if self.c == 1.0 {
+            d as f64
+        } else if self.round {
+            (d as f64 * self.c).round()
+        } else {
+            d as f64 * self.c
+        }
+    }
+}
+
+/// Scratch space of one evaluation.
+struct Work {
+    /// Ends of the current replica's macro-ops (see [`Tape`]).
+    vals: Vec<f64>,
+    ready: Vec<f64>,
+    /// Persistent per-GPU factors of the current replica, `tp` per stage.
+    lane_fs: Vec<f64>,
+    /// The slowest lane's factor per stage.
+    fmax: Vec<f64>,
+}
+
+impl Work {
+    fn new(m: &StepModel, tape: &Tape) -> Self {
+        let l = m.layout.tp as usize;
+        let pp = m.layout.pp as usize;
+        Work {
+            vals: vec![0.0; tape.len],
+            ready: vec![0.0; l],
+            lane_fs: vec![1.0; pp * l],
+            fmax: vec![1.0; pp],
+        }
+    }
+}
+
+/// Where the iteration's last end was produced.
+#[derive(Clone, Copy, Debug, Default)]
+enum Loc {
+    /// Nothing ran.
+    #[default]
+    Start,
+    /// Lane `lane` of value `val` of replica `r`'s program.
+    Replica { r: usize, val: Val, lane: usize },
+    /// Tail op `op` of stage `s`, replica `r`, lane `lane`.
+    Tail {
+        s: usize,
+        op: u32,
+        r: usize,
+        lane: usize,
+    },
+}
+
+/// What [`StepModel::evaluate_traced`] keeps for the critical-path walk.
+#[derive(Debug, Default)]
+struct Trace {
+    store: Vec<Vec<f64>>,
+    last: Loc,
+    scale: Scale,
+}
+
+/// Who a part of the critical path is charged to.
+#[derive(Clone, Copy, Debug)]
+enum Who {
+    /// One GPU's own work.
+    Rank(u32),
+    /// A tensor-parallel group (by its first rank): its collectives, and segments drawn as the
+    /// maximum over its lanes.
+    Group(u32),
+    /// A data-parallel collective (every replica).
+    Nobody,
+}
+
+/// Critical-path charges in picoseconds (ordered maps: the output does not depend on hashing).
+#[derive(Default)]
+struct Charges {
+    by_op: BTreeMap<String, f64>,
+    by_class: BTreeMap<String, f64>,
+    class_of: BTreeMap<String, String>,
+    by_rank: BTreeMap<u32, f64>,
+    by_group: BTreeMap<u32, f64>,
+    path: f64,
+}
+
+impl Charges {
+    fn finish(self, step_s: f64) -> StepAttribution {
+        fn sorted<K: Ord + Clone>(m: BTreeMap<K, f64>) -> Vec<(K, f64)> {
+            let mut v: Vec<(K, f64)> = m
+                .into_iter()
+                .filter(|(_, t)| *t > 0.0)
+                .map(|(k, t)| (k, t * 1e-12))
+                .collect();
+            v.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            v
+        }
+        StepAttribution {
+            step_s,
+            by_op: sorted(self.by_op),
+            by_class: sorted(self.by_class),
+            class_of: self.class_of,
+            by_rank: sorted(self.by_rank),
+            by_tp_group: sorted(self.by_group),
+            path_s: self.path * 1e-12,
+        }
+    }
+}
+
+/// Where the critical path of one step-model sample went ([`StepModel::attribute_fast`]).
+/// Lists are sorted by time, largest first, and hold only non-zero entries.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepAttribution {
+    /// The sample's step time, seconds.
+    pub step_s: f64,
+    /// Seconds by op name (kernel name, or e.g. `"tp all_gather"`, `"dp reduce_scatter"`).
+    pub by_op: Vec<(String, f64)>,
+    /// Seconds by class (kernel class, or `"tp comm"`, `"dp comm"`, `"pp comm"`).
+    pub by_class: Vec<(String, f64)>,
+    /// The class of every name in `by_op`.
+    pub class_of: BTreeMap<String, String>,
+    /// Seconds of one GPU's own work (a lane drawn on its own), by rank.
+    pub by_rank: Vec<(u32, f64)>,
+    /// Seconds charged to a whole tensor-parallel group, by its first rank: its collectives,
+    /// and segments drawn at once as the slowest of its lanes (which lane is not drawn).
+    pub by_tp_group: Vec<(u32, f64)>,
+    /// Length of the path: equals `step_s` (the charges telescope).
+    pub path_s: f64,
 }
 
 /// How a sample draws kernel times.
 enum Draw<'a> {
     /// The engine's per-kernel hash draws.
     Exact(&'a Perturbation),
-    /// Per-segment draws with order-statistic shortcuts.
+    /// Per-segment draws with order-statistic shortcuts; replica `r` draws from its own stream
+    /// `replica_rng(seed, r)` (the tail from `replica_rng(seed, dp)`).
     Fast {
-        stats: &'a SegStats,
+        class: &'a [(f64, f64)],
         table: &'a MaxTable,
         rank_factor: &'a [f64],
+        seed: u64,
         rng: Xoshiro256PlusPlus,
     },
     /// Nominal durations.
     Nominal,
+}
+
+/// The random stream of replica `r` of a fast sample.
+fn replica_rng(seed: u64, r: u64) -> Xoshiro256PlusPlus {
+    use rand::SeedableRng;
+    Xoshiro256PlusPlus::seed_from_u64(seed ^ r.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 /// Unsupported job for the fast path.
@@ -241,11 +607,15 @@ impl StepModel {
             }
             stages.push(compile_stage(&graph, s as u32, &dur, &layout)?);
         }
-        Ok(StepModel {
+        let mut model = StepModel {
             layout,
             stages,
+            graph,
             nominal_s: run.summary.iteration_time_s,
-        })
+            nominal_tape: Tape::default(),
+        };
+        model.nominal_tape = model.compile_tape(&|_, _| false, None, true)?;
+        Ok(model)
     }
 
     /// Iteration time of the deterministic engine run the model was compiled from, seconds.
@@ -255,17 +625,20 @@ impl StepModel {
 
     /// Iteration time with nominal durations (equals [`StepModel::nominal_s`]: a self-check).
     pub fn evaluate_nominal(&self) -> Result<f64, SimError> {
-        self.evaluate(&mut Draw::Nominal, 1.0)
+        Ok(self.evaluate(&self.nominal_tape, &mut Draw::Nominal, 1.0))
     }
 
     /// One sample with the engine's own per-kernel draws (`p.seed`, ranks, ops): equal to the
     /// engine's perturbed full run when communication does not depend on timing.
     pub fn sample_exact(&self, p: &Perturbation) -> Result<f64, SimError> {
         check_comm_factor(p.comm_factor)?;
-        self.evaluate(&mut Draw::Exact(p), p.comm_factor)
+        let tape = self.compile_tape(&|_, _| true, None, false)?;
+        Ok(self.evaluate(&tape, &mut Draw::Exact(p), p.comm_factor))
     }
 
-    /// Whether [`StepModel::sample_fast`] can draw this perturbation's kernel jitter.
+    /// The fast sampler's statistics for this perturbation's kernel jitter (and, when
+    /// `p.rank_factor` is set, per-GPU speeds); an error when [`StepModel::sample_fast`] cannot
+    /// draw it.
     pub fn fast_stats(&self, p: &Perturbation) -> Result<FastStats, SimError> {
         let mut class_factor = Vec::with_capacity(OpClass::ALL.len());
         for class in OpClass::ALL {
@@ -318,233 +691,512 @@ impl StepModel {
             mean.push(m);
             sd.push(v);
         }
+        let speeds = !p.rank_factor.is_empty();
+        let stats = SegStats {
+            mean,
+            sd,
+            class: class_factor,
+        };
+        let tape = self.compile_tape(
+            &|s, op| speeds || stats.sd[s][op as usize] > 0.0,
+            Some(&stats),
+            true,
+        )?;
         Ok(FastStats {
-            stats: SegStats {
-                mean,
-                sd,
-                class: class_factor,
-            },
+            stats,
             table: MaxTable::new(self.layout.tp),
+            tape,
+            speeds,
         })
     }
 
     /// One sample drawn per segment with the exact order-statistic shortcuts. `rank_factor`
-    /// holds persistent per-GPU time factors (empty = 1), `comm_factor` the communication
-    /// regime, `rng` the sample's generator.
+    /// holds persistent per-GPU time factors (empty = 1; non-empty only if the statistics were
+    /// made with per-GPU speeds), `comm_factor` the communication regime, `seed` the sample's
+    /// random stream.
     pub fn sample_fast(
         &self,
         fast: &FastStats,
         rank_factor: &[f64],
         comm_factor: f64,
-        rng: Xoshiro256PlusPlus,
+        seed: u64,
     ) -> Result<f64, SimError> {
         check_comm_factor(comm_factor)?;
-        if !rank_factor.is_empty() && rank_factor.len() != self.layout.num_ranks() as usize {
-            return Err(unsupported("rank_factor must have one entry per rank"));
+        if !rank_factor.is_empty()
+            && (rank_factor.len() != self.layout.num_ranks() as usize || !fast.speeds)
+        {
+            return Err(unsupported(
+                "rank_factor must have one entry per rank, and the fast statistics must have \
+                 been made with per-GPU speeds",
+            ));
         }
-        self.evaluate(
+        Ok(self.evaluate(
+            &fast.tape,
             &mut Draw::Fast {
-                stats: &fast.stats,
+                class: &fast.stats.class,
                 table: &fast.table,
                 rank_factor,
-                rng,
+                seed,
+                rng: replica_rng(seed, 0),
             },
             comm_factor,
-        )
+        ))
     }
 
-    fn evaluate(&self, draw: &mut Draw, comm_factor: f64) -> Result<f64, SimError> {
-        let l = self.layout.tp as usize;
-        let pp = self.layout.pp as usize;
-        let dp = self.layout.dp;
-        let scale = |d: SimTime| -> SimTime {
-            if comm_factor == 1.0 {
-                d
-            } else {
-                (d as f64 * comm_factor).round() as SimTime
-            }
+    /// The critical path of the fast sample `(rank_factor, comm_factor, seed)` (the same draws
+    /// as [`StepModel::sample_fast`]): walked backwards from the op that ends last, through the
+    /// tail (the latest replica at each data-parallel collective) into that replica's program,
+    /// re-evaluated with its own random stream. At each op the input that ended last set its
+    /// start (ties: the stream predecessor); the op's end minus that start is charged to it, so
+    /// the charges add up to the step time. A segment's charge is split over its kernels by
+    /// their mean times.
+    pub fn attribute_fast(
+        &self,
+        fast: &FastStats,
+        rank_factor: &[f64],
+        comm_factor: f64,
+        seed: u64,
+    ) -> Result<StepAttribution, SimError> {
+        check_comm_factor(comm_factor)?;
+        if !rank_factor.is_empty()
+            && (rank_factor.len() != self.layout.num_ranks() as usize || !fast.speeds)
+        {
+            return Err(unsupported(
+                "rank_factor must have one entry per rank, and the fast statistics must have \
+                 been made with per-GPU speeds",
+            ));
+        }
+        let tape = &fast.tape;
+        let mut draw = Draw::Fast {
+            class: &fast.stats.class,
+            table: &fast.table,
+            rank_factor,
+            seed,
+            rng: replica_rng(seed, 0),
         };
-        let mut insts: Vec<Inst> = self
-            .stages
-            .iter()
-            .map(|st| Inst {
-                pc: [0; NUM_STREAMS],
-                ends: vec![0; st.kind.len() * l],
-                uni: vec![false; st.kind.len()],
-                mail: vec![0; st.recv_slots as usize * l],
-                mail_full: vec![false; st.recv_slots as usize],
+        let mut trace = Trace::default();
+        let step_s = self.evaluate_traced(tape, &mut draw, comm_factor, Some(&mut trace));
+        let l = self.layout.tp as usize;
+        let dp = self.layout.dp as usize;
+        let rank = |r: usize, s: u32, lane: usize| {
+            self.layout.rank(Coord {
+                tp: lane as u32,
+                cp: 0,
+                dp: r as u32,
+                pp: s,
             })
-            .collect();
-        // Tail store per stage: [replica][slot][lane].
-        let mut store: Vec<Vec<SimTime>> = self
-            .stages
-            .iter()
-            .map(|st| vec![0; dp as usize * st.slots as usize * l])
-            .collect();
-        let mut end_max: SimTime = 0;
-        let mut ready = vec![0 as SimTime; l];
-        // Persistent per-GPU factors of the current replica, `l` per stage.
-        let mut lane_fs = vec![1.0f64; pp * l];
-        for r in 0..dp {
-            if let Draw::Fast { rank_factor, .. } = draw {
-                for (i, f) in lane_fs.iter_mut().enumerate() {
-                    let (s, lane) = (i / l, i % l);
-                    *f = lane_factor(&self.layout, rank_factor, r, s as u32, lane as u32);
-                }
-            }
-            for inst in insts.iter_mut() {
-                inst.pc = [0; NUM_STREAMS];
-                inst.mail_full.iter_mut().for_each(|x| *x = false);
-            }
-            // Sweep the stages until none moves.
-            loop {
-                let mut moved = false;
-                for s in 0..pp {
-                    let st = &self.stages[s];
-                    let lane_f = &lane_fs[s * l..(s + 1) * l];
-                    let mut mask: u8 = (1u16 << NUM_STREAMS) as u8 - 1;
-                    while mask != 0 {
-                        let sidx = mask.trailing_zeros() as usize;
-                        mask &= mask - 1;
-                        loop {
-                            let inst = &insts[s];
-                            let pc = inst.pc[sidx] as usize;
-                            let Some(&op) = st.stream_ops[sidx].get(pc) else {
-                                break;
-                            };
-                            if st.tail[op as usize] {
-                                break;
-                            }
-                            let done = |d: u32| {
-                                inst.pc[st.stream[d as usize] as usize] > st.pos[d as usize]
-                            };
-                            if !st.deps_of(op).iter().all(|&d| done(d))
-                                || !st.gates_of(op).iter().all(|&(_, g)| done(g))
-                            {
-                                break;
-                            }
-                            if let MKind::Recv { slot } = st.kind[op as usize]
-                                && !inst.mail_full[slot as usize]
-                            {
-                                break;
-                            }
-                            // Inputs: stream predecessor and dependencies.
-                            let uni_in = gather(st, inst, op, l, &mut ready);
-                            let (uni_out, send) = self.eval_op(
-                                st, s as u32, r, op, uni_in, &mut ready, lane_f, draw, &scale,
-                                &insts[s],
-                            );
-                            let inst = &mut insts[s];
-                            let base = op as usize * l;
-                            if uni_out {
-                                inst.ends[base] = ready[0];
-                                end_max = end_max.max(ready[0]);
-                            } else {
-                                inst.ends[base..base + l].copy_from_slice(&ready);
-                                end_max = end_max.max(*ready.iter().max().expect("lanes"));
-                            }
-                            inst.uni[op as usize] = uni_out;
-                            inst.pc[sidx] += 1;
-                            mask |= st.wake[op as usize] & !(1 << sidx);
-                            moved = true;
-                            if let Some((delta, slot)) = send {
-                                let peer = (s as i64 + delta as i64).rem_euclid(pp as i64) as usize;
-                                let m = &mut insts[peer];
-                                let b = slot as usize * l;
-                                if uni_out {
-                                    m.mail[b..b + l].iter_mut().for_each(|x| *x = ready[0]);
-                                } else {
-                                    m.mail[b..b + l].copy_from_slice(&ready);
-                                }
-                                m.mail_full[slot as usize] = true;
-                            }
-                        }
-                    }
-                }
-                if !moved {
+        };
+        let mut acc = Charges::default();
+        // The tail, back to the boundary op of the replica that was latest.
+        let mut entry: Option<(usize, Val, usize)> = None;
+        let mut loc = trace.last;
+        loop {
+            match loc {
+                Loc::Start => break,
+                Loc::Replica { r, val, lane } => {
+                    entry = Some((r, val, lane));
                     break;
                 }
-            }
-            // Every stream must have reached its end or the tail.
-            for (s, st) in self.stages.iter().enumerate() {
-                for sidx in 0..NUM_STREAMS {
-                    if let Some(&op) = st.stream_ops[sidx].get(insts[s].pc[sidx] as usize)
-                        && !st.tail[op as usize]
-                    {
-                        return Err(SimError::Deadlock {
-                            rank: self.layout.rank(Coord {
-                                tp: 0,
-                                cp: 0,
-                                dp: r,
-                                pp: s as u32,
-                            }),
-                            stream: crate::graph::STREAMS[sidx].name(),
-                            detail: format!("max-plus model stuck at macro-op {op}"),
-                        });
+                Loc::Tail { s, op, r, lane } => {
+                    let st = &self.stages[s];
+                    let store = &trace.store[s];
+                    let end = store[st.tail_at(r, op, lane, l)];
+                    let ready = |r: usize, lane: usize| st.tail_ready(store, r, op, lane, l);
+                    let kind = st.kind[op as usize];
+                    let ((start, pred), r, lane) = match kind {
+                        MKind::Dp { .. } => (0..dp)
+                            .map(|r| (ready(r, lane), r, lane))
+                            .fold(None, |b: Option<((f64, u32), usize, usize)>, c| match b {
+                                Some(b) if b.0.0 >= c.0.0 => Some(b),
+                                _ => Some(c),
+                            })
+                            .expect("replicas"),
+                        MKind::Tp { .. } => (0..l)
+                            .map(|lane| (ready(r, lane), r, lane))
+                            .fold(None, |b: Option<((f64, u32), usize, usize)>, c| match b {
+                                Some(b) if b.0.0 >= c.0.0 => Some(b),
+                                _ => Some(c),
+                            })
+                            .expect("lanes"),
+                        _ => (ready(r, lane), r, lane),
+                    };
+                    let who = match kind {
+                        MKind::Dp { .. } => Who::Nobody,
+                        MKind::Tp { .. } => Who::Group(rank(r, s as u32, 0)),
+                        _ => Who::Rank(rank(r, s as u32, lane)),
+                    };
+                    self.charge(&mut acc, &fast.stats, s, op, who, end - start);
+                    if pred == u32::MAX {
+                        break;
+                    }
+                    if st.tail[pred as usize] {
+                        loc = Loc::Tail {
+                            s,
+                            op: pred,
+                            r,
+                            lane,
+                        };
+                    } else {
+                        let val = tape.val[s][pred as usize].expect("boundary op evaluated");
+                        entry = Some((r, val, lane));
+                        break;
                     }
                 }
-                // Save the boundary ops for the tail.
-                let inst = &insts[s];
+            }
+        }
+        // The replica's program, re-evaluated with the same draws.
+        if let Some((r, mut val, mut lane)) = entry {
+            let mut work = Work::new(self, tape);
+            self.run_replica(tape, r, &mut draw, trace.scale, &mut work);
+            let vals = &work.vals;
+            let at = |v: Val, lane: usize| vals[v.at as usize + if v.lanes { lane } else { 0 }];
+            loop {
+                let ins = &tape.orig[tape.producer[val.at as usize] as usize];
+                let end = at(val, lane);
+                let mut best: Option<(f64, Val, usize)> = None;
+                for &v in &tape.inputs[ins.i0 as usize..ins.i1 as usize] {
+                    let (e, ln) = if v.lanes && !ins.out.lanes {
+                        // One end for every lane: it started after the latest lane.
+                        (0..l)
+                            .map(|k| (at(v, k), k))
+                            .fold((f64::NEG_INFINITY, 0), |b, c| if c.0 > b.0 { c } else { b })
+                    } else {
+                        (at(v, lane), lane)
+                    };
+                    if best.is_none_or(|b| e > b.0) {
+                        best = Some((e, v, ln));
+                    }
+                }
+                let start = best.map_or(0.0, |b| b.0);
+                let who = if ins.out.lanes {
+                    Who::Rank(rank(r, ins.stage, lane))
+                } else {
+                    Who::Group(rank(r, ins.stage, 0))
+                };
+                self.charge(
+                    &mut acc,
+                    &fast.stats,
+                    ins.stage as usize,
+                    ins.op,
+                    who,
+                    end - start,
+                );
+                match best {
+                    Some((_, v, ln)) => {
+                        val = v;
+                        lane = ln;
+                    }
+                    None => break,
+                }
+            }
+        }
+        Ok(acc.finish(step_s))
+    }
+
+    /// Charges `t` ps of the critical path to macro-op `op` of stage `s` (a segment's kernels
+    /// by their mean times) and to `who`.
+    fn charge(&self, acc: &mut Charges, stats: &SegStats, s: usize, op: u32, who: Who, t: f64) {
+        if t <= 0.0 {
+            return;
+        }
+        let st = &self.stages[s];
+        let prog = &self.graph.programs[s];
+        match who {
+            Who::Rank(r) => *acc.by_rank.entry(r).or_default() += t,
+            Who::Group(r) => *acc.by_group.entry(r).or_default() += t,
+            Who::Nobody => {}
+        }
+        acc.path += t;
+        let mut add = |orig: u32, x: f64| {
+            let (name, class) = crate::attribution::op_label(prog, orig);
+            *acc.by_op.entry(name.clone()).or_default() += x;
+            *acc.by_class.entry(class.clone()).or_default() += x;
+            acc.class_of.entry(name).or_insert(class);
+        };
+        if let MKind::Seg { k0, k1, .. } = st.kind[op as usize] {
+            let w =
+                |k: u32| st.kd[k as usize] as f64 * stats.class[st.kclass[k as usize] as usize].0;
+            let total: f64 = (k0..k1).map(w).sum();
+            for k in k0..k1 {
+                let share = if total > 0.0 {
+                    w(k) / total
+                } else {
+                    1.0 / (k1 - k0) as f64
+                };
+                add(st.kop[k as usize], t * share);
+            }
+        } else {
+            add(st.orig_op[op as usize], t);
+        }
+    }
+
+    /// Finds the dataflow order of one replica by a static sweep of its stages and compiles it
+    /// into a [`Tape`]. `vary(stage, op)`: whether segment `op` may end at different times on
+    /// different lanes that started together.
+    fn compile_tape(
+        &self,
+        vary: &dyn Fn(usize, u32) -> bool,
+        stats: Option<&SegStats>,
+        fuse: bool,
+    ) -> Result<Tape, SimError> {
+        let l = self.layout.tp;
+        let pp = self.layout.pp as usize;
+        let mut pc = vec![[0u32; NUM_STREAMS]; pp];
+        let mut mail: Vec<Vec<Option<Val>>> = self
+            .stages
+            .iter()
+            .map(|st| vec![None; st.recv_slots as usize])
+            .collect();
+        let mut tape = Tape {
+            val: self
+                .stages
+                .iter()
+                .map(|st| vec![None; st.kind.len()])
+                .collect(),
+            ..Tape::default()
+        };
+        loop {
+            let mut moved = false;
+            for s in 0..pp {
+                let st = &self.stages[s];
+                let mut mask: u8 = (1u16 << NUM_STREAMS) as u8 - 1;
+                while mask != 0 {
+                    let sidx = mask.trailing_zeros() as usize;
+                    mask &= mask - 1;
+                    while let Some(&op) = st.stream_ops[sidx].get(pc[s][sidx] as usize) {
+                        let vals = &tape.val[s];
+                        if st.tail[op as usize]
+                            || !st.deps_of(op).iter().all(|&d| vals[d as usize].is_some())
+                            || !st
+                                .gates_of(op)
+                                .iter()
+                                .all(|&(_, g)| vals[g as usize].is_some())
+                        {
+                            break;
+                        }
+                        let mail_in = match st.kind[op as usize] {
+                            MKind::Recv { slot } => match mail[s][slot as usize] {
+                                Some(v) => Some(v),
+                                None => break,
+                            },
+                            _ => None,
+                        };
+                        let i0 = tape.inputs.len() as u32;
+                        for p in st.preds(op) {
+                            tape.inputs.push(vals[p as usize].expect("evaluated input"));
+                        }
+                        tape.inputs.extend(mail_in);
+                        let lanes_in = tape.inputs[i0 as usize..].iter().any(|v| v.lanes);
+                        let (code, lanes) = match st.kind[op as usize] {
+                            MKind::Tp { d } => (Code::Tp { d }, false),
+                            MKind::Local { d } | MKind::Send { d, .. } => {
+                                (Code::Add { d }, lanes_in)
+                            }
+                            MKind::Recv { .. } => (Code::Add { d: 0 }, lanes_in),
+                            MKind::Seg {
+                                k0,
+                                k1,
+                                collapsible,
+                            } => {
+                                let g0 = tape.gates.len() as u32;
+                                for &(k, g) in st.gates_of(op) {
+                                    tape.gates.push((k, vals[g as usize].expect("gate")));
+                                }
+                                let (m, sd) = match stats {
+                                    Some(f) => (f.mean[s][op as usize], f.sd[s][op as usize]),
+                                    None => (
+                                        (k0..k1).map(|k| st.kd[k as usize]).sum::<SimTime>() as f64,
+                                        0.0,
+                                    ),
+                                };
+                                let code = Code::Seg {
+                                    m,
+                                    sd,
+                                    collapsible,
+                                    g0,
+                                    g1: tape.gates.len() as u32,
+                                };
+                                (code, !collapsible && (lanes_in || vary(s, op)))
+                            }
+                            MKind::Dp { .. } => unreachable!("tail ops stop the sweep"),
+                        };
+                        let out = Val {
+                            at: tape.len as u32,
+                            lanes,
+                        };
+                        tape.len += if lanes { l as usize } else { 1 };
+                        tape.val[s][op as usize] = Some(out);
+                        tape.ins.push(Ins {
+                            code,
+                            stage: s as u32,
+                            op,
+                            out,
+                            i0,
+                            i1: tape.inputs.len() as u32,
+                            lanes_in,
+                        });
+                        if let MKind::Send { delta, slot, .. } = st.kind[op as usize] {
+                            let peer = (s as i64 + delta as i64).rem_euclid(pp as i64) as usize;
+                            mail[peer][slot as usize] = Some(out);
+                        }
+                        pc[s][sidx] += 1;
+                        mask |= st.wake[op as usize] & !(1 << sidx);
+                        moved = true;
+                    }
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+        for (s, st) in self.stages.iter().enumerate() {
+            // Every stream must have reached its end or the tail.
+            for sidx in 0..NUM_STREAMS {
+                if let Some(&op) = st.stream_ops[sidx].get(pc[s][sidx] as usize)
+                    && !st.tail[op as usize]
+                {
+                    return Err(SimError::Deadlock {
+                        rank: self.layout.rank(Coord {
+                            tp: 0,
+                            cp: 0,
+                            dp: 0,
+                            pp: s as u32,
+                        }),
+                        stream: crate::graph::STREAMS[sidx].name(),
+                        detail: format!("max-plus model stuck at macro-op {op}"),
+                    });
+                }
+            }
+            // Sinks: ops that no op waits for (sends feed a receive, gates a segment).
+            let mut waited = vec![false; st.kind.len()];
+            for op in 0..st.kind.len() as u32 {
+                for p in st.preds(op) {
+                    waited[p as usize] = true;
+                }
+                for &(_, g) in st.gates_of(op) {
+                    waited[g as usize] = true;
+                }
+            }
+            for op in 0..st.kind.len() {
+                if !waited[op]
+                    && !matches!(st.kind[op], MKind::Send { .. })
+                    && let Some(v) = tape.val[s][op]
+                {
+                    tape.sinks.push(v);
+                }
+            }
+        }
+        tape.orig = tape.ins.clone();
+        tape.producer = vec![u32::MAX; tape.len];
+        for (i, ins) in tape.orig.iter().enumerate() {
+            tape.producer[ins.out.at as usize] = i as u32;
+        }
+        if fuse {
+            tape.fuse();
+        }
+        Ok(tape)
+    }
+
+    /// Evaluates one iteration: every replica's program, then the tail.
+    fn evaluate(&self, tape: &Tape, draw: &mut Draw, comm_factor: f64) -> f64 {
+        self.evaluate_traced(tape, draw, comm_factor, None)
+    }
+
+    /// [`StepModel::evaluate`], optionally keeping what the critical-path walk needs.
+    fn evaluate_traced(
+        &self,
+        tape: &Tape,
+        draw: &mut Draw,
+        comm_factor: f64,
+        trace: Option<&mut Trace>,
+    ) -> f64 {
+        let l = self.layout.tp as usize;
+        let dp = self.layout.dp as usize;
+        let scale = Scale::new(comm_factor, draw);
+        let mut work = Work::new(self, tape);
+        // Tail store per stage: [replica][slot][lane].
+        let mut store: Vec<Vec<f64>> = self
+            .stages
+            .iter()
+            .map(|st| vec![0.0; dp * st.slots as usize * l])
+            .collect();
+        let mut end_max = 0.0f64;
+        let mut last = Loc::Start;
+        for r in 0..dp {
+            self.run_replica(tape, r, draw, scale, &mut work);
+            let vals = &work.vals;
+            for v in &tape.sinks {
+                let n = if v.lanes { l } else { 1 };
+                for lane in 0..n {
+                    let e = vals[v.at as usize + lane];
+                    if e > end_max {
+                        end_max = e;
+                        last = Loc::Replica { r, val: *v, lane };
+                    }
+                }
+            }
+            // Save the boundary ops for the tail.
+            for (s, st) in self.stages.iter().enumerate() {
                 for &op in &st.boundary_ops {
-                    let base = (r as usize * st.slots as usize + st.slot[op as usize] as usize) * l;
+                    let v = tape.val[s][op as usize].expect("boundary op evaluated");
+                    let base = (r * st.slots as usize + st.slot[op as usize] as usize) * l;
                     for lane in 0..l {
-                        store[s][base + lane] = lane_end(inst, op, lane, l);
+                        store[s][base + lane] =
+                            vals[v.at as usize + if v.lanes { lane } else { 0 }];
                     }
                 }
             }
         }
         // Tail: the data-parallel collectives and what follows them, all replicas together.
+        if let Draw::Fast { seed, rng, .. } = draw {
+            *rng = replica_rng(*seed, dp as u64);
+        }
         for (s, st) in self.stages.iter().enumerate() {
-            let slots = st.slots as usize;
-            let at = |r: usize, op: u32, lane: usize| {
-                (r * slots + st.slot[op as usize] as usize) * l + lane
-            };
             let store = &mut store[s];
             for &op in &st.tail_ops {
-                let ready_of = |store: &Vec<SimTime>, r: usize, lane: usize| {
-                    st.preds(op)
-                        .map(|p| store[at(r, p, lane)])
-                        .max()
-                        .unwrap_or(0)
+                let at = |r: usize, lane: usize| st.tail_at(r, op, lane, l);
+                let mut note = |e: f64, r: usize, lane: usize| {
+                    if e > end_max {
+                        end_max = e;
+                        last = Loc::Tail { s, op, r, lane };
+                    }
                 };
                 match st.kind[op as usize] {
                     MKind::Dp { d } => {
                         for lane in 0..l {
-                            let start = (0..dp as usize)
-                                .map(|r| ready_of(store, r, lane))
-                                .max()
-                                .unwrap_or(0);
-                            for r in 0..dp as usize {
-                                store[at(r, op, lane)] = start + scale(d);
+                            let start = (0..dp)
+                                .map(|r| st.tail_ready(store, r, op, lane, l).0)
+                                .fold(0.0, f64::max);
+                            for r in 0..dp {
+                                store[at(r, lane)] = start + scale.of(d);
                             }
-                            end_max = end_max.max(start + scale(d));
+                            note(start + scale.of(d), 0, lane);
                         }
                     }
                     MKind::Tp { d } => {
-                        for r in 0..dp as usize {
+                        for r in 0..dp {
                             let start = (0..l)
-                                .map(|lane| ready_of(store, r, lane))
-                                .max()
-                                .unwrap_or(0);
+                                .map(|lane| st.tail_ready(store, r, op, lane, l).0)
+                                .fold(0.0, f64::max);
                             for lane in 0..l {
-                                store[at(r, op, lane)] = start + scale(d);
+                                store[at(r, lane)] = start + scale.of(d);
                             }
-                            end_max = end_max.max(start + scale(d));
+                            note(start + scale.of(d), r, 0);
                         }
                     }
                     MKind::Local { d } => {
-                        for r in 0..dp as usize {
+                        for r in 0..dp {
                             for lane in 0..l {
-                                let e = ready_of(store, r, lane) + scale(d);
-                                store[at(r, op, lane)] = e;
-                                end_max = end_max.max(e);
+                                let e = st.tail_ready(store, r, op, lane, l).0 + scale.of(d);
+                                store[at(r, lane)] = e;
+                                note(e, r, lane);
                             }
                         }
                     }
                     MKind::Seg { .. } => {
-                        for r in 0..dp as usize {
+                        for r in 0..dp {
                             for lane in 0..l {
-                                let t0 = ready_of(store, r, lane);
+                                let t0 = st.tail_ready(store, r, op, lane, l).0;
                                 let e = self.seg_lane(
                                     st,
                                     s as u32,
@@ -555,8 +1207,8 @@ impl StepModel {
                                     &[],
                                     draw,
                                 );
-                                store[at(r, op, lane)] = e;
-                                end_max = end_max.max(e);
+                                store[at(r, lane)] = e;
+                                note(e, r, lane);
                             }
                         }
                     }
@@ -566,7 +1218,236 @@ impl StepModel {
                 }
             }
         }
-        Ok(end_max as f64 * 1e-12)
+        if let Some(t) = trace {
+            t.store = store;
+            t.last = last;
+            t.scale = scale;
+        }
+        end_max * 1e-12
+    }
+
+    /// Evaluates replica `r`'s program into `work.vals`, drawing from the replica's own stream.
+    fn run_replica(&self, tape: &Tape, r: usize, draw: &mut Draw, scale: Scale, work: &mut Work) {
+        let l = self.layout.tp as usize;
+        let Work {
+            vals,
+            ready,
+            lane_fs,
+            fmax,
+        } = work;
+        if let Draw::Fast {
+            rank_factor,
+            seed,
+            rng,
+            ..
+        } = draw
+        {
+            *rng = replica_rng(*seed, r as u64);
+            if !rank_factor.is_empty() {
+                for (i, f) in lane_fs.iter_mut().enumerate() {
+                    *f = lane_factor(
+                        &self.layout,
+                        rank_factor,
+                        r as u32,
+                        (i / l) as u32,
+                        (i % l) as u32,
+                    );
+                }
+                for (s, f) in fmax.iter_mut().enumerate() {
+                    *f = lane_fs[s * l..(s + 1) * l]
+                        .iter()
+                        .copied()
+                        .fold(0.0, f64::max);
+                }
+            }
+        }
+        for ins in &tape.ins {
+            let inputs = &tape.inputs[ins.i0 as usize..ins.i1 as usize];
+            let mut t = 0.0f64;
+            if ins.lanes_in {
+                ready.fill(0.0);
+                for v in inputs {
+                    let a = v.at as usize;
+                    if v.lanes {
+                        for (x, &y) in ready.iter_mut().zip(&vals[a..a + l]) {
+                            *x = x.max(y);
+                        }
+                    } else {
+                        let y = vals[a];
+                        ready.iter_mut().for_each(|x| *x = x.max(y));
+                    }
+                }
+            } else {
+                for v in inputs {
+                    t = t.max(vals[v.at as usize]);
+                }
+            }
+            let out = ins.out.at as usize;
+            match ins.code {
+                Code::Tp { d } => {
+                    if ins.lanes_in {
+                        t = ready.iter().copied().fold(0.0, f64::max);
+                    }
+                    vals[out] = t + scale.of(d);
+                }
+                Code::Add { d } => {
+                    let d = scale.of(d);
+                    if ins.lanes_in {
+                        for (x, &y) in vals[out..out + l].iter_mut().zip(ready.iter()) {
+                            *x = y + d;
+                        }
+                    } else {
+                        vals[out] = t + d;
+                    }
+                }
+                Code::Run { s0, s1 } => {
+                    let lane_f = &lane_fs[ins.stage as usize * l..(ins.stage as usize + 1) * l];
+                    let fmax = fmax[ins.stage as usize];
+                    for step in &tape.steps[s0 as usize..s1 as usize] {
+                        t += match step.kind {
+                            StepKind::Comm { d } => scale.of(d),
+                            StepKind::Seg { m, sd } => match draw {
+                                Draw::Fast {
+                                    table,
+                                    rank_factor,
+                                    rng,
+                                    ..
+                                } => {
+                                    if sd == 0.0 {
+                                        fmax * m
+                                    } else if rank_factor.is_empty() {
+                                        // Only the slowest of the i.i.d. lanes is observable:
+                                        // draw the maximum.
+                                        let u: f64 = rng.random();
+                                        (m + sd * table.quantile(u)).max(0.0)
+                                    } else {
+                                        let mut d = 0.0f64;
+                                        for &f in lane_f {
+                                            let z: f64 = StandardNormal.sample(rng);
+                                            d = d.max(f * (m + sd * z));
+                                        }
+                                        d
+                                    }
+                                }
+                                _ => m,
+                            },
+                        };
+                        vals[step.out as usize] = t;
+                    }
+                }
+                Code::Seg { .. } => {
+                    let lane_f = &lane_fs[ins.stage as usize * l..(ins.stage as usize + 1) * l];
+                    self.eval_seg(tape, ins, r as u32, t, ready, lane_f, vals, draw);
+                }
+            }
+        }
+    }
+
+    /// Evaluates segment instruction `ins` of replica `r`: the input is `t` (one time for every
+    /// lane) or `ready` (per lane, when `ins.lanes_in`); writes the end into `vals`.
+    #[allow(clippy::too_many_arguments)]
+    fn eval_seg(
+        &self,
+        tape: &Tape,
+        ins: &Ins,
+        r: u32,
+        t: f64,
+        ready: &mut [f64],
+        lane_f: &[f64],
+        vals: &mut [f64],
+        draw: &mut Draw,
+    ) {
+        let Code::Seg {
+            m,
+            sd,
+            collapsible,
+            g0,
+            g1,
+        } = ins.code
+        else {
+            unreachable!("segment")
+        };
+        let l = ready.len();
+        let out = ins.out;
+        let at = out.at as usize;
+        if !ins.lanes_in {
+            ready.fill(t);
+        }
+        // A gate that ends before the segment starts changes nothing.
+        let gates = &tape.gates[g0 as usize..g1 as usize];
+        let rmin = ready.iter().copied().fold(f64::INFINITY, f64::min);
+        let gated = gates.iter().any(|&(_, g)| vals[g.at as usize] > rmin);
+        let per_kernel = gated || matches!(draw, Draw::Exact(_));
+        if !per_kernel {
+            match draw {
+                Draw::Nominal => {
+                    if out.lanes {
+                        for (x, &y) in vals[at..at + l].iter_mut().zip(ready.iter()) {
+                            *x = y + m;
+                        }
+                    } else {
+                        // Collapsible (the latest lane) or every lane alike.
+                        vals[at] = ready.iter().copied().fold(0.0, f64::max) + m;
+                    }
+                    return;
+                }
+                Draw::Fast {
+                    table,
+                    rank_factor,
+                    rng,
+                    ..
+                } => {
+                    if rank_factor.is_empty() && !ins.lanes_in && collapsible {
+                        // Only the slowest of the i.i.d. lanes is observable: draw the maximum.
+                        let dur = if sd > 0.0 {
+                            let u: f64 = rng.random();
+                            m + sd * table.quantile(u)
+                        } else {
+                            m
+                        };
+                        vals[at] = t + dur.max(0.0);
+                        return;
+                    }
+                    if !out.lanes && !collapsible {
+                        // Every lane alike and no jitter.
+                        vals[at] = t + m;
+                        return;
+                    }
+                    let speeds = !rank_factor.is_empty();
+                    let mut max_end = 0.0f64;
+                    for (lane, x) in ready.iter_mut().enumerate() {
+                        let z: f64 = if sd > 0.0 {
+                            StandardNormal.sample(rng)
+                        } else {
+                            0.0
+                        };
+                        let f = if speeds { lane_f[lane] } else { 1.0 };
+                        *x += (f * (m + sd * z)).max(0.0);
+                        max_end = max_end.max(*x);
+                    }
+                    if out.lanes {
+                        vals[at..at + l].copy_from_slice(ready);
+                    } else {
+                        vals[at] = max_end;
+                    }
+                    return;
+                }
+                Draw::Exact(_) => unreachable!("per kernel"),
+            }
+        }
+        let gate_end: Vec<f64> = gates.iter().map(|&(_, g)| vals[g.at as usize]).collect();
+        let st = &self.stages[ins.stage as usize];
+        let mut max_end = 0.0f64;
+        for (lane, x) in ready.iter_mut().enumerate() {
+            *x = self.seg_lane(st, ins.stage, r, lane as u32, ins.op, *x, &gate_end, draw);
+            max_end = max_end.max(*x);
+        }
+        if out.lanes {
+            vals[at..at + l].copy_from_slice(ready);
+        } else {
+            // Collapsible, or every lane alike.
+            vals[at] = max_end;
+        }
     }
 
     /// End of segment `op` on one lane started at `start`, kernel by kernel: each kernel waits
@@ -579,10 +1460,10 @@ impl StepModel {
         replica: u32,
         lane: u32,
         op: u32,
-        start: SimTime,
-        gate_end: &[SimTime],
+        start: f64,
+        gate_end: &[f64],
         draw: &mut Draw,
-    ) -> SimTime {
+    ) -> f64 {
         let MKind::Seg { k0, k1, .. } = st.kind[op as usize] else {
             unreachable!("segment")
         };
@@ -602,18 +1483,18 @@ impl StepModel {
             }
             let d = st.kd[k as usize];
             t += match draw {
-                Draw::Nominal => d,
+                Draw::Nominal => d as f64,
                 Draw::Exact(p) => {
                     let f = p.kernel_factor(rank, st.kop[k as usize], st.kclass[k as usize]);
-                    (d as f64 * f).round().max(1.0) as SimTime
+                    (d as f64 * f).round().max(1.0)
                 }
                 Draw::Fast {
-                    stats,
+                    class,
                     rank_factor,
                     rng,
                     ..
                 } => {
-                    let (mu, sigma) = stats.class[st.kclass[k as usize] as usize];
+                    let (mu, sigma) = class[st.kclass[k as usize] as usize];
                     let z: f64 = if sigma > 0.0 {
                         StandardNormal.sample(rng)
                     } else {
@@ -624,144 +1505,11 @@ impl StepModel {
                     } else {
                         rank_factor[rank as usize]
                     };
-                    (f * d as f64 * (mu + sigma * z)).round().max(0.0) as SimTime
+                    (f * d as f64 * (mu + sigma * z)).max(0.0)
                 }
             };
         }
         t
-    }
-
-    /// Evaluates macro-op `op` of `stage` on replica `r` given its ready time(s) in `ready`
-    /// (lane 0 only when `uni_in`); leaves the end time(s) in `ready`. Returns whether the end
-    /// is the same on every lane, and the (delta, slot) of a send.
-    #[allow(clippy::too_many_arguments)]
-    fn eval_op(
-        &self,
-        st: &StageProg,
-        stage: u32,
-        r: u32,
-        op: u32,
-        uni_in: bool,
-        ready: &mut [SimTime],
-        lane_f: &[f64],
-        draw: &mut Draw,
-        scale: &dyn Fn(SimTime) -> SimTime,
-        inst: &Inst,
-    ) -> (bool, Option<(i8, u32)>) {
-        let l = ready.len();
-        match st.kind[op as usize] {
-            MKind::Tp { d } => {
-                let start = if uni_in {
-                    ready[0]
-                } else {
-                    *ready.iter().max().expect("lanes")
-                };
-                ready[0] = start + scale(d);
-                (true, None)
-            }
-            MKind::Local { d } => {
-                let d = scale(d);
-                add_to_lanes(ready, uni_in, d);
-                (uni_in, None)
-            }
-            MKind::Send { d, delta, slot } => {
-                let d = scale(d);
-                add_to_lanes(ready, uni_in, d);
-                (uni_in, Some((delta, slot)))
-            }
-            MKind::Recv { slot } => {
-                let b = slot as usize * l;
-                let arr = &inst.mail[b..b + l];
-                if uni_in {
-                    let t0 = ready[0];
-                    for (t, &a) in ready.iter_mut().zip(arr) {
-                        *t = t0.max(a);
-                    }
-                } else {
-                    for (t, &a) in ready.iter_mut().zip(arr) {
-                        *t = (*t).max(a);
-                    }
-                }
-                (ready.iter().all(|&t| t == ready[0]), None)
-            }
-            MKind::Dp { .. } => unreachable!("tail ops are evaluated after the replicas"),
-            MKind::Seg { collapsible, .. } => {
-                let gate_end: Vec<SimTime> = st
-                    .gates_of(op)
-                    .iter()
-                    .map(|&(_, g)| inst.ends[g as usize * l])
-                    .collect();
-                let rmin = if uni_in {
-                    ready[0]
-                } else {
-                    *ready.iter().min().expect("lanes")
-                };
-                // A gate that ends before the segment starts changes nothing.
-                let gated = gate_end.iter().any(|&g| g > rmin);
-                if !gated
-                    && let Draw::Fast {
-                        stats, table, rng, ..
-                    } = draw
-                {
-                    let m = stats.mean[stage as usize][op as usize];
-                    let sd = stats.sd[stage as usize][op as usize];
-                    let same = lane_f.iter().all(|&f| f == lane_f[0]);
-                    if uni_in && collapsible && (sd == 0.0 || same) {
-                        // Only the slowest lane is observable: draw the maximum directly.
-                        let dur = if sd == 0.0 {
-                            let fmax = lane_f.iter().copied().fold(0.0, f64::max);
-                            fmax * m
-                        } else {
-                            let u: f64 = rng.random();
-                            lane_f[0] * (m + sd * table.quantile(u))
-                        };
-                        ready[0] += dur.round().max(0.0) as SimTime;
-                        return (true, None);
-                    }
-                    if uni_in && sd == 0.0 && same {
-                        ready[0] += (lane_f[0] * m).round().max(0.0) as SimTime;
-                        return (true, None);
-                    }
-                    let t0 = ready[0];
-                    let mut max_end = 0;
-                    for (lane, t) in ready.iter_mut().enumerate() {
-                        let z: f64 = if sd > 0.0 {
-                            StandardNormal.sample(rng)
-                        } else {
-                            0.0
-                        };
-                        let start = if uni_in { t0 } else { *t };
-                        *t = start + (lane_f[lane] * (m + sd * z)).round().max(0.0) as SimTime;
-                        max_end = max_end.max(*t);
-                    }
-                    if collapsible {
-                        ready[0] = max_end;
-                        return (true, None);
-                    }
-                    return (false, None);
-                }
-                if !gated && let Draw::Nominal = draw {
-                    let MKind::Seg { k0, k1, .. } = st.kind[op as usize] else {
-                        unreachable!("segment")
-                    };
-                    let d: SimTime = (k0..k1).map(|k| st.kd[k as usize]).sum();
-                    add_to_lanes(ready, uni_in, d);
-                    return (uni_in, None);
-                }
-                let t0 = ready[0];
-                let mut max_end = 0;
-                for (lane, t) in ready.iter_mut().enumerate() {
-                    let start = if uni_in { t0 } else { *t };
-                    *t = self.seg_lane(st, stage, r, lane as u32, op, start, &gate_end, draw);
-                    max_end = max_end.max(*t);
-                }
-                if collapsible && !matches!(draw, Draw::Exact(_)) {
-                    ready[0] = max_end;
-                    return (true, None);
-                }
-                (ready.iter().all(|&t| t == ready[0]), None)
-            }
-        }
     }
 }
 
@@ -770,6 +1518,9 @@ impl StepModel {
 pub struct FastStats {
     stats: SegStats,
     table: MaxTable,
+    tape: Tape,
+    /// Made with per-GPU speeds (their segments are per lane).
+    speeds: bool,
 }
 
 fn check_comm_factor(c: f64) -> Result<(), SimError> {
@@ -792,48 +1543,6 @@ fn lane_factor(layout: &Layout, rank_factor: &[f64], replica: u32, stage: u32, l
         dp: replica,
         pp: stage,
     }) as usize]
-}
-
-/// Adds `d` to the ready time(s): lane 0 only when every lane holds the same time.
-fn add_to_lanes(ready: &mut [SimTime], uni: bool, d: SimTime) {
-    if uni {
-        ready[0] += d;
-    } else {
-        ready.iter_mut().for_each(|t| *t += d);
-    }
-}
-
-fn lane_end(inst: &Inst, op: u32, lane: usize, l: usize) -> SimTime {
-    if inst.uni[op as usize] {
-        inst.ends[op as usize * l]
-    } else {
-        inst.ends[op as usize * l + lane]
-    }
-}
-
-/// Max of the stream predecessor's and the dependencies' ends into `ready`; true when the
-/// result is the same on every lane (then only `ready[0]` is set).
-fn gather(st: &StageProg, inst: &Inst, op: u32, l: usize, ready: &mut [SimTime]) -> bool {
-    let pred = st.stream_pred(op);
-    let deps = st.deps_of(op);
-    let all_uni =
-        pred.is_none_or(|p| inst.uni[p as usize]) && deps.iter().all(|&d| inst.uni[d as usize]);
-    if all_uni {
-        let mut t = pred.map_or(0, |p| inst.ends[p as usize * l]);
-        for &d in deps {
-            t = t.max(inst.ends[d as usize * l]);
-        }
-        ready[0] = t;
-        return true;
-    }
-    for (lane, slot) in ready.iter_mut().enumerate() {
-        let mut t = pred.map_or(0, |p| lane_end(inst, p, lane, l));
-        for &d in deps {
-            t = t.max(lane_end(inst, d, lane, l));
-        }
-        *slot = t;
-    }
-    false
 }
 
 /// Compiles stage `s`'s program with the recorded durations `dur` (by original op id).
@@ -939,6 +1648,7 @@ fn compile_stage(
             OpKind::Recv { slot } => MKind::Recv { slot },
         };
         let id = out.kind.len() as u32;
+        out.orig_op.push(op);
         out.kind.push(kind);
         out.stream.push(stream as u8);
         out.pos.push(out.stream_ops[stream as usize].len() as u32);

@@ -6,6 +6,7 @@ use prism_core::job::fixtures::{llama3_405b_job, small_job};
 use prism_core::maxplus::StepModel;
 use prism_core::ops::OpClass;
 use prism_core::variability::Dist;
+use rand::RngExt;
 
 fn engine(job: &Job, mode: Mode, p: Option<Perturbation>) -> f64 {
     simulate(
@@ -154,7 +155,7 @@ fn fast_sampler_has_the_law_of_the_per_kernel_sampler() {
                     &fast_stats,
                     &rank_factor,
                     1.0,
-                    prism_core::stats::stream_rng(99, &[s]),
+                    prism_core::stats::stream_rng(99, &[s]).random::<u64>(),
                 )
                 .unwrap()
             })
@@ -196,7 +197,7 @@ fn fast_sampler_with_speeds_only_is_deterministic_and_exact() {
             &fs,
             &rank_factor,
             1.0,
-            prism_core::stats::stream_rng(1, &[1]),
+            prism_core::stats::stream_rng(1, &[1]).random::<u64>(),
         )
         .unwrap();
     let b = m
@@ -204,7 +205,7 @@ fn fast_sampler_with_speeds_only_is_deterministic_and_exact() {
             &fs,
             &rank_factor,
             1.0,
-            prism_core::stats::stream_rng(2, &[2]),
+            prism_core::stats::stream_rng(2, &[2]).random::<u64>(),
         )
         .unwrap();
     assert_eq!(a, b, "no randomness without jitter");
@@ -239,12 +240,22 @@ fn unsupported_inputs_are_errors() {
     let p = Perturbation::default();
     let fs = m.fast_stats(&p).unwrap();
     assert!(
-        m.sample_fast(&fs, &[1.0; 3], 1.0, prism_core::stats::stream_rng(0, &[0]))
-            .is_err()
+        m.sample_fast(
+            &fs,
+            &[1.0; 3],
+            1.0,
+            prism_core::stats::stream_rng(0, &[0]).random::<u64>()
+        )
+        .is_err()
     );
     assert!(
-        m.sample_fast(&fs, &[], f64::NAN, prism_core::stats::stream_rng(0, &[0]))
-            .is_err()
+        m.sample_fast(
+            &fs,
+            &[],
+            f64::NAN,
+            prism_core::stats::stream_rng(0, &[0]).random::<u64>()
+        )
+        .is_err()
     );
 }
 
@@ -256,4 +267,54 @@ fn job_kernels(job: &Job) -> usize {
         .map(|p| p.stream_ops[0].len())
         .max()
         .unwrap_or(0)
+}
+
+/// The step model's critical path adds up to the sample's step time, is deterministic, and
+/// finds a GPU made much slower than the rest.
+#[test]
+fn fast_attribution_telescopes_and_finds_a_slow_gpu() {
+    let job = small_job(4, 4, 2, 32);
+    let n = job.num_gpus() as usize;
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+    let slow = 13u32;
+    let rank_factor: Vec<f64> = (0..n)
+        .map(|r| if r as u32 == slow { 1.5 } else { 1.0 })
+        .collect();
+    let p = Perturbation {
+        rank_factor: rank_factor.clone(),
+        jitter: vec![(
+            Some(OpClass::Gemm),
+            Dist::Normal {
+                mean: 1.0,
+                std: 0.05,
+            },
+        )],
+        ..Perturbation::default()
+    };
+    let fs = m.fast_stats(&p).unwrap();
+    for seed in 0..5u64 {
+        let a = m.attribute_fast(&fs, &rank_factor, 1.1, seed).unwrap();
+        let step = m.sample_fast(&fs, &rank_factor, 1.1, seed).unwrap();
+        assert_eq!(a.step_s, step, "the attribution evaluates the same sample");
+        assert!(
+            (a.path_s - step).abs() <= 1e-9 * step,
+            "path {} vs step {step}",
+            a.path_s
+        );
+        let sum: f64 = a.by_op.iter().map(|x| x.1).sum();
+        assert!((sum - a.path_s).abs() <= 1e-9 * step);
+        assert_eq!(a, m.attribute_fast(&fs, &rank_factor, 1.1, seed).unwrap());
+        // The slow GPU (or its tensor-parallel group, for segments drawn as the slowest lane)
+        // carries the most compute.
+        let group = slow - slow % job.parallel.tp;
+        let top_rank = a.by_rank.first().map(|x| x.0);
+        let top_group = a.by_tp_group.first().map(|x| x.0);
+        println!("seed {seed}: top rank {top_rank:?} top group {top_group:?} step {step}");
+        assert!(
+            top_rank == Some(slow) || top_group == Some(group),
+            "{:?} {:?}",
+            a.by_rank.first(),
+            a.by_tp_group.first()
+        );
+    }
 }
