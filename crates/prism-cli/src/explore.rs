@@ -6,8 +6,12 @@
 //!    always a candidate.
 //! 2. Simulate each feasible candidate once, deterministically (`Mode::Reduced`, falling back to
 //!    `Mode::Full` for asymmetric placements), in parallel.
-//! 3. With `--samples K` and a `[variability]` section, run K Monte Carlo iterations (every rank,
-//!    perturbed as in `prism predict`) for the 10 fastest candidates.
+//! 3. With `--samples K` and a `[variability]` section, run K Monte Carlo iterations (every GPU,
+//!    perturbed as in `prism predict`) for the 10 fastest candidates, with
+//!    [`crate::predict::sample_steps`]: the max-plus step model
+//!    ([`prism_core::maxplus::StepModel`], frozen communication durations) where the candidate
+//!    and the jitter allow it, else (or with `--per-rank`) the per-rank engine (`Mode::Full`, or
+//!    `Mode::Reduced` when a sample's perturbation keeps the ranks symmetric).
 //! 4. Rank by the objective (mean, p95 or p99 iteration time) and report.
 //! 5. With `--slow-gpus N` (or `--slow-fraction F`), for the job's own layout: compare where N
 //!    GPUs whose kernels run `--slowdown` times slower could sit (one TP group, one pipeline
@@ -65,6 +69,10 @@ pub struct ExploreArgs {
     /// Kernel time factor of a slow GPU (1.2: kernels take 20% longer).
     #[arg(long, value_name = "X", default_value_t = 1.2)]
     slowdown: f64,
+    /// Simulate every rank of every sample with the event-driven engine instead of the
+    /// max-plus step model.
+    #[arg(long)]
+    per_rank: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -778,31 +786,41 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
              deterministic time; --samples ignored"
         );
     }
+    let mut step_method: Option<String> = None;
     if sampled {
         let k = evaluated.len().min(SAMPLED_CANDIDATES);
-        let work: Vec<(usize, u64)> = (0..k)
-            .flat_map(|c| (0..args.samples as u64).map(move |i| (c, i)))
-            .collect();
-        let bar = progress(work.len(), "explore", "Monte Carlo iterations");
-        let times: Vec<f64> = work
+        let samples = args.samples as u64;
+        let bar = progress(k * args.samples, "explore", "Monte Carlo iterations");
+        let base_opts = SimOptions {
+            kernel_table: kernel_table.clone(),
+            ..SimOptions::default()
+        };
+        // Sample i of every candidate draws the same per-GPU speeds, jitter stream and
+        // communication regime (common random numbers); `clusters = samples` gives every
+        // sample its own cluster.
+        let runs: Vec<(Vec<f64>, &'static str)> = evaluated[..k]
             .par_iter()
-            .map(|&(c, i)| {
-                let job = &evaluated[c].job;
-                let opts = SimOptions {
-                    mode: Mode::Full,
-                    kernel_table: kernel_table.clone(),
-                    perturbation: Some(crate::predict::draw(job, v, seed, i)),
-                    ..SimOptions::default()
-                };
-                let r = prism_core::simulate(job, &opts).map(|r| r.summary.iteration_time_s);
-                bar.inc(1);
-                r
+            .map(|e| {
+                crate::predict::sample_steps(
+                    &e.job,
+                    v,
+                    seed,
+                    samples,
+                    samples,
+                    args.per_rank,
+                    &base_opts,
+                    &bar,
+                )
+                .with_context(|| format!("Monte Carlo simulation failed for {}", label(&e.job)))
             })
-            .collect::<Result<Vec<f64>, _>>()
-            .context("Monte Carlo simulation failed")?;
+            .collect::<Result<Vec<_>>>()?;
         bar.finish_and_clear();
-        for (c, chunk) in times.chunks(args.samples).enumerate() {
-            let mut sorted = chunk.to_vec();
+        let mut methods: Vec<&str> = Vec::new();
+        for (c, (times, method)) in runs.into_iter().enumerate() {
+            if !methods.contains(&method) {
+                methods.push(method);
+            }
+            let mut sorted = times;
             sorted.sort_by(f64::total_cmp);
             let s = stats::summarize(&sorted);
             evaluated[c].sampled = Some(Sampled {
@@ -812,6 +830,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
                 p99: s.p99,
             });
         }
+        step_method = Some(methods.join("; "));
     }
     // 4. Rank: sampled candidates by the objective, then the rest by deterministic time.
     let objective = args.objective;
@@ -851,6 +870,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
             "global_batch": base.training.global_batch,
             "objective": objective.name(),
             "samples": if sampled { args.samples } else { 0 },
+            "step_method": step_method,
             "seed": seed,
             "candidates_evaluated": counts.enumerated,
             "rejected_invalid": counts.invalid,
@@ -872,7 +892,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         &evaluated[..shown],
         feasible_count,
         objective,
-        sampled.then_some(args.samples),
+        step_method.as_deref().map(|m| (args.samples, m)),
     );
     if !inversions.is_empty() {
         println!();
@@ -1002,7 +1022,8 @@ fn print_table(
     rows: &[Evaluated],
     feasible: usize,
     objective: Objective,
-    samples: Option<usize>,
+    // Monte Carlo iterations per sampled layout and how they were simulated.
+    sampling: Option<(usize, &str)>,
 ) {
     println!("Prism explore: {}  ({source})", base.name);
     println!(
@@ -1013,9 +1034,9 @@ fn print_table(
         base.training.global_batch,
         base.model.seq_len,
         objective.name(),
-        match samples {
-            Some(k) => format!(
-                " ({k} Monte Carlo iterations for the {} fastest)",
+        match sampling {
+            Some((k, method)) => format!(
+                " ({k} Monte Carlo iterations for the {} fastest; {method})",
                 SAMPLED_CANDIDATES.min(feasible)
             ),
             None => " (deterministic)".into(),
@@ -1026,7 +1047,7 @@ fn print_table(
         counts.enumerated, counts.invalid, counts.out_of_memory, base.cluster.gpu.hbm_gib
     );
     println!();
-    let q = samples.is_some();
+    let q = sampling.is_some();
     print!(
         "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>9} {:>8} {:>11} {:>6} {:>8}",
         "rank",

@@ -156,15 +156,23 @@ fn gpus_override() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--gpus 12"));
 }
 
+/// explore.toml with the `[variability]` section of variability.toml (`edit` applied to the
+/// section), written to a temporary file named after `tag`.
+fn job_with_variability(tag: &str, edit: impl Fn(&str) -> String) -> std::path::PathBuf {
+    let base = std::fs::read_to_string(data("explore.toml")).unwrap();
+    let var = std::fs::read_to_string(data("variability.toml")).unwrap();
+    let section = edit(&var[var.find("[variability]").unwrap()..]);
+    let path =
+        std::env::temp_dir().join(format!("prism-explore-{tag}-{}.toml", std::process::id()));
+    std::fs::write(&path, format!("{base}\n{section}")).unwrap();
+    path
+}
+
 /// With a [variability] section and samples, the 10 fastest are sampled and ranked by p99
 /// ahead of the rest; runs repeat exactly.
 #[test]
 fn sampled_ranking() {
-    let base = std::fs::read_to_string(data("explore.toml")).unwrap();
-    let var = std::fs::read_to_string(data("variability.toml")).unwrap();
-    let section = &var[var.find("[variability]").unwrap()..];
-    let path = std::env::temp_dir().join(format!("prism-explore-var-{}.toml", std::process::id()));
-    std::fs::write(&path, format!("{base}\n{section}")).unwrap();
+    let path = job_with_variability("var", str::to_string);
     let p = path.to_str().unwrap();
     let args = [
         "explore",
@@ -210,6 +218,70 @@ fn sampled_ranking() {
     // The human table shows the sampled columns.
     let table = prism_text(&["explore", p, "--samples", "6", "--objective", "p99"]);
     assert!(table.contains("p99 s"), "{table}");
+    std::fs::remove_file(&path).ok();
+}
+
+/// The sampled statistics of every sampled layout, by its `--set` arguments.
+fn sampled_by_layout(v: &serde_json::Value) -> Vec<(Vec<String>, serde_json::Value)> {
+    let mut out: Vec<_> = v["ranking"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e.get("sampled").is_some())
+        .map(|e| (sets(e), e["sampled"].clone()))
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The Monte Carlo stage reports how it sampled (`step_method`): the max-plus step model where
+/// the jitter allows it (normal kernel jitter), the per-rank engine with `--per-rank`; both give
+/// the sampled statistics of the same 10 layouts, close to each other.
+#[test]
+fn step_method_and_per_rank() {
+    // Normal GEMM jitter (the step model draws normal jitter exactly; lognormal falls back).
+    let path = job_with_variability("normal", |s| {
+        s.replace(
+            r#"gemm = { dist = "lognormal", mu = 0.0, sigma = 0.02 }"#,
+            r#"gemm = { dist = "normal", mean = 1.0, std = 0.02 }"#,
+        )
+    });
+    let p = path.to_str().unwrap();
+    let args = ["explore", p, "--samples", "8", "--top", "0", "--json"];
+    let fast = prism(&args);
+    let method = fast["step_method"].as_str().unwrap();
+    assert!(method.contains("max-plus"), "{method}");
+    let per_rank = prism(&[&args[..], &["--per-rank"]].concat());
+    assert_eq!(
+        per_rank["step_method"].as_str().unwrap(),
+        "every rank simulated by the engine"
+    );
+    let (a, b) = (sampled_by_layout(&fast), sampled_by_layout(&per_rank));
+    assert_eq!(a.len(), 10);
+    // The same 10 layouts (the fastest by deterministic time), each with its statistics.
+    assert_eq!(
+        a.iter().map(|x| &x.0).collect::<Vec<_>>(),
+        b.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
+    for ((_, s), (_, t)) in a.iter().zip(&b) {
+        for s in [s, t] {
+            assert!(
+                f(s, "p50") <= f(s, "p95") && f(s, "p95") <= f(s, "p99"),
+                "{s}"
+            );
+        }
+        let r = f(s, "mean") / f(t, "mean");
+        assert!((r - 1.0).abs() < 0.01, "max-plus {s} vs per-rank {t}");
+    }
+    // Without samples there is no method.
+    let det = prism(&["explore", p, "--json"]);
+    assert!(det["step_method"].is_null());
+    // The text header names the method.
+    let table = prism_text(&["explore", p, "--samples", "4", "--per-rank"]);
+    assert!(
+        table.contains("every rank simulated by the engine"),
+        "{table}"
+    );
     std::fs::remove_file(&path).ok();
 }
 

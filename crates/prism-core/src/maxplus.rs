@@ -1051,8 +1051,8 @@ impl StepModel {
         }
         for (s, st) in self.stages.iter().enumerate() {
             // Every stream must have reached its end or the tail.
-            for sidx in 0..NUM_STREAMS {
-                if let Some(&op) = st.stream_ops[sidx].get(pc[s][sidx] as usize)
+            for (sidx, (ops, &at)) in st.stream_ops.iter().zip(&pc[s]).enumerate() {
+                if let Some(&op) = ops.get(at as usize)
                     && !st.tail[op as usize]
                 {
                     return Err(SimError::Deadlock {
@@ -1077,9 +1077,9 @@ impl StepModel {
                     waited[g as usize] = true;
                 }
             }
-            for op in 0..st.kind.len() {
+            for (op, kind) in st.kind.iter().enumerate() {
                 if !waited[op]
-                    && !matches!(st.kind[op], MKind::Send { .. })
+                    && !matches!(kind, MKind::Send { .. })
                     && let Some(v) = tape.val[s][op]
                 {
                     tape.sinks.push(v);
