@@ -721,6 +721,18 @@ impl StepModel {
         comm_factor: f64,
         seed: u64,
     ) -> Result<f64, SimError> {
+        let mut draw = self.fast_draw(fast, rank_factor, comm_factor, seed)?;
+        Ok(self.evaluate(&fast.tape, &mut draw, comm_factor))
+    }
+
+    /// The fast sampler's draw for one sample, after checking its arguments.
+    fn fast_draw<'a>(
+        &self,
+        fast: &'a FastStats,
+        rank_factor: &'a [f64],
+        comm_factor: f64,
+        seed: u64,
+    ) -> Result<Draw<'a>, SimError> {
         check_comm_factor(comm_factor)?;
         if !rank_factor.is_empty()
             && (rank_factor.len() != self.layout.num_ranks() as usize || !fast.speeds)
@@ -730,17 +742,13 @@ impl StepModel {
                  been made with per-GPU speeds",
             ));
         }
-        Ok(self.evaluate(
-            &fast.tape,
-            &mut Draw::Fast {
-                class: &fast.stats.class,
-                table: &fast.table,
-                rank_factor,
-                seed,
-                rng: replica_rng(seed, 0),
-            },
-            comm_factor,
-        ))
+        Ok(Draw::Fast {
+            class: &fast.stats.class,
+            table: &fast.table,
+            rank_factor,
+            seed,
+            rng: replica_rng(seed, 0),
+        })
     }
 
     /// The critical path of the fast sample `(rank_factor, comm_factor, seed)` (the same draws
@@ -757,23 +765,8 @@ impl StepModel {
         comm_factor: f64,
         seed: u64,
     ) -> Result<StepAttribution, SimError> {
-        check_comm_factor(comm_factor)?;
-        if !rank_factor.is_empty()
-            && (rank_factor.len() != self.layout.num_ranks() as usize || !fast.speeds)
-        {
-            return Err(unsupported(
-                "rank_factor must have one entry per rank, and the fast statistics must have \
-                 been made with per-GPU speeds",
-            ));
-        }
         let tape = &fast.tape;
-        let mut draw = Draw::Fast {
-            class: &fast.stats.class,
-            table: &fast.table,
-            rank_factor,
-            seed,
-            rng: replica_rng(seed, 0),
-        };
+        let mut draw = self.fast_draw(fast, rank_factor, comm_factor, seed)?;
         let mut trace = Trace::default();
         let step_s = self.evaluate_traced(tape, &mut draw, comm_factor, Some(&mut trace));
         let l = self.layout.tp as usize;
