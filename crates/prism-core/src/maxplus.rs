@@ -290,17 +290,13 @@ impl Tape {
     /// is an ancestor of the run's last instruction (so it ends no later; every duration is
     /// non-negative). A run is evaluated as one loop where it starts; the instructions it
     /// absorbed were placed later, but everything they read is computed by the run or before it.
+    /// Works on the unfused list `orig` (with `producer` set) and replaces `ins`.
     fn fuse(&mut self) {
-        let old = std::mem::take(&mut self.ins);
-        let mut producer = vec![u32::MAX; self.len];
-        for (i, ins) in old.iter().enumerate() {
-            producer[ins.out.at as usize] = i as u32;
-        }
+        let old = &self.orig;
         // Open runs by the value of their last step: (index in the new list, last old index).
         let mut open: std::collections::BTreeMap<u32, (usize, u32)> = Default::default();
         let mut new: Vec<Ins> = Vec::with_capacity(old.len());
         let mut steps: Vec<Vec<Step>> = Vec::new();
-        let mut step_of = vec![u32::MAX; old.len()];
         for (i, ins) in old.iter().enumerate() {
             let inputs = &self.inputs[ins.i0 as usize..ins.i1 as usize];
             let kind = match ins.code {
@@ -323,7 +319,7 @@ impl Tape {
                 let others_earlier = inputs
                     .iter()
                     .filter(|w| w.at != v.at)
-                    .all(|w| self.is_ancestor(&old, &producer, producer[w.at as usize], last));
+                    .all(|w| self.is_ancestor(self.producer[w.at as usize], last));
                 others_earlier.then_some((v.at, run))
             });
             match join {
@@ -333,13 +329,11 @@ impl Tape {
                         unreachable!("open runs are runs")
                     };
                     steps[s0 as usize].push(step);
-                    step_of[i] = s0;
                     open.insert(ins.out.at, (run, i as u32));
                 }
                 None => {
                     let id = steps.len() as u32;
                     steps.push(vec![step]);
-                    step_of[i] = id;
                     open.insert(ins.out.at, (new.len(), i as u32));
                     new.push(Ins {
                         code: Code::Run { s0: id, s1: 0 },
@@ -365,9 +359,9 @@ impl Tape {
         self.ins = new;
     }
 
-    /// Whether old instruction `a` is an ancestor of `b` (`a == b` included), by a bounded
+    /// Whether unfused instruction `a` is an ancestor of `b` (`a == b` included), by a bounded
     /// backward search over inputs; "no" when unsure.
-    fn is_ancestor(&self, old: &[Ins], producer: &[u32], a: u32, b: u32) -> bool {
+    fn is_ancestor(&self, a: u32, b: u32) -> bool {
         const LIMIT: usize = 64;
         if a == u32::MAX {
             return false;
@@ -386,9 +380,9 @@ impl Tape {
             if x < a {
                 continue;
             }
-            let ins = &old[x as usize];
+            let ins = &self.orig[x as usize];
             for v in &self.inputs[ins.i0 as usize..ins.i1 as usize] {
-                let p = producer[v.at as usize];
+                let p = self.producer[v.at as usize];
                 if p != u32::MAX && p >= a {
                     stack.push(p);
                 }
@@ -396,6 +390,16 @@ impl Tape {
         }
         false
     }
+}
+
+/// The candidate that ends latest (the first on ties): `((end, what), replica, lane)`.
+fn latest<T>(
+    it: impl Iterator<Item = ((f64, T), usize, usize)>,
+) -> Option<((f64, T), usize, usize)> {
+    it.fold(None, |best, c| match best {
+        Some(b) if b.0.0 >= c.0.0 => Some(b),
+        _ => Some(c),
+    })
 }
 
 /// Scaling of frozen communication durations by a sample's regime. The engine rounds a scaled
@@ -797,20 +801,12 @@ impl StepModel {
                     let ready = |r: usize, lane: usize| st.tail_ready(store, r, op, lane, l);
                     let kind = st.kind[op as usize];
                     let ((start, pred), r, lane) = match kind {
-                        MKind::Dp { .. } => (0..dp)
-                            .map(|r| (ready(r, lane), r, lane))
-                            .fold(None, |b: Option<((f64, u32), usize, usize)>, c| match b {
-                                Some(b) if b.0.0 >= c.0.0 => Some(b),
-                                _ => Some(c),
-                            })
-                            .expect("replicas"),
-                        MKind::Tp { .. } => (0..l)
-                            .map(|lane| (ready(r, lane), r, lane))
-                            .fold(None, |b: Option<((f64, u32), usize, usize)>, c| match b {
-                                Some(b) if b.0.0 >= c.0.0 => Some(b),
-                                _ => Some(c),
-                            })
-                            .expect("lanes"),
+                        MKind::Dp { .. } => {
+                            latest((0..dp).map(|r| (ready(r, lane), r, lane))).expect("replicas")
+                        }
+                        MKind::Tp { .. } => {
+                            latest((0..l).map(|lane| (ready(r, lane), r, lane))).expect("lanes")
+                        }
                         _ => (ready(r, lane), r, lane),
                     };
                     let who = match kind {
