@@ -35,8 +35,13 @@
 //!   interpolation of a 16,384-point quantile table, below 1e-6 standard deviations in the
 //!   body). Supported: jitter that is normal (or constant) per op class.
 //!
-//! Scope: dense models (no expert parallelism) with `cp = 1` and a symmetric placement; other
-//! jobs get [`SimError::InvalidOption`] and callers fall back to the per-rank engine.
+//! Context parallelism: a stage of a replica has `tp x cp` lanes; a TP collective starts at the
+//! latest lane of its TP group, a CP collective at the latest of its CP group, and a tail DP
+//! collective at the latest over every replica's lanes of the same TP rank (Megatron's `dp_cp`
+//! group). The order-statistic shortcut for segments applies when `cp = 1`.
+//!
+//! Scope: dense models (no expert parallelism) and a symmetric placement; other jobs get
+//! [`SimError::InvalidOption`] and callers fall back to the per-rank engine.
 
 use std::collections::BTreeMap;
 
@@ -57,8 +62,12 @@ use crate::variability::Dist;
 enum MKind {
     /// Kernels `k0..k1` of the compute stream (indices into the stage's kernel arrays).
     Seg { k0: u32, k1: u32, collapsible: bool },
-    /// Tensor-parallel collective of frozen duration `d` (starts at the latest lane).
+    /// Tensor-parallel collective of frozen duration `d` (starts at the latest lane of its
+    /// group: the lanes of the same context-parallel rank).
     Tp { d: SimTime },
+    /// Context-parallel collective of frozen duration `d` (starts at the latest lane of its
+    /// group: the lanes of the same tensor-parallel rank).
+    Cp { d: SimTime },
     /// Collective of a group of one, or a data-parallel collective that every replica reaches
     /// at the same time: lane-local, duration `d`.
     Local { d: SimTime },
@@ -214,8 +223,11 @@ enum Code {
     /// Ends at its latest input plus `d` (times the communication regime): a collective of a
     /// group of one, a head data-parallel collective, a send, or (`d = 0`) a receive.
     Add { d: SimTime },
-    /// A tensor-parallel collective: starts at the latest input over every lane.
+    /// A tensor-parallel collective: starts at the latest input over the lanes of its group
+    /// (every lane when `cp = 1`).
     Tp { d: SimTime },
+    /// A context-parallel collective: starts at the latest input over the lanes of its group.
+    Cp { d: SimTime },
     /// A segment: nominal time `m` (ps), standard deviation `sd` of its fast draw, gates in
     /// `Tape::gates[g0..g1]`.
     Seg {
@@ -301,7 +313,7 @@ impl Tape {
             let inputs = &self.inputs[ins.i0 as usize..ins.i1 as usize];
             let kind = match ins.code {
                 _ if ins.lanes_in || ins.out.lanes => None,
-                Code::Tp { d } | Code::Add { d } => Some(StepKind::Comm { d }),
+                Code::Tp { d } | Code::Cp { d } | Code::Add { d } => Some(StepKind::Comm { d }),
                 Code::Seg { m, sd, g0, g1, .. } if g0 == g1 => Some(StepKind::Seg { m, sd }),
                 _ => None,
             };
@@ -444,7 +456,7 @@ struct Work {
 
 impl Work {
     fn new(m: &StepModel, tape: &Tape) -> Self {
-        let l = m.layout.tp as usize;
+        let l = lanes(&m.layout);
         let pp = m.layout.pp as usize;
         Work {
             vals: vec![0.0; tape.len],
@@ -579,10 +591,6 @@ impl StepModel {
     /// Compiles the step model of a validated job. `opts` supplies the cost parameters
     /// (compute, comm, kernel table); its mode and perturbation are ignored.
     pub fn new(job: &Job, opts: &SimOptions) -> Result<StepModel, SimError> {
-        let par = &job.parallel;
-        if par.cp != 1 {
-            return Err(unsupported("context parallelism (cp > 1) is not supported"));
-        }
         if job.model.moe.is_some() {
             return Err(unsupported("mixture-of-experts models are not supported"));
         }
@@ -773,16 +781,11 @@ impl StepModel {
         let mut draw = self.fast_draw(fast, rank_factor, comm_factor, seed)?;
         let mut trace = Trace::default();
         let step_s = self.evaluate_traced(tape, &mut draw, comm_factor, Some(&mut trace));
-        let l = self.layout.tp as usize;
+        let l = lanes(&self.layout);
+        let (tp, cp) = (self.layout.tp as usize, self.layout.cp as usize);
         let dp = self.layout.dp as usize;
-        let rank = |r: usize, s: u32, lane: usize| {
-            self.layout.rank(Coord {
-                tp: lane as u32,
-                cp: 0,
-                dp: r as u32,
-                pp: s,
-            })
-        };
+        let rank =
+            |r: usize, s: u32, lane: usize| lane_rank(&self.layout, r as u32, s, lane as u32);
         let mut acc = Charges::default();
         // The tail, back to the boundary op of the replica that was latest.
         let mut entry: Option<(usize, Val, usize)> = None;
@@ -801,17 +804,22 @@ impl StepModel {
                     let ready = |r: usize, lane: usize| st.tail_ready(store, r, op, lane, l);
                     let kind = st.kind[op as usize];
                     let ((start, pred), r, lane) = match kind {
-                        MKind::Dp { .. } => {
-                            latest((0..dp).map(|r| (ready(r, lane), r, lane))).expect("replicas")
-                        }
-                        MKind::Tp { .. } => {
-                            latest((0..l).map(|lane| (ready(r, lane), r, lane))).expect("lanes")
+                        MKind::Dp { .. } => latest(
+                            (0..dp)
+                                .flat_map(|r| group(tp, cp, false, lane).map(move |k| (r, k)))
+                                .map(|(r, k)| (ready(r, k), r, k)),
+                        )
+                        .expect("replicas"),
+                        MKind::Tp { .. } | MKind::Cp { .. } => {
+                            let tp_group = matches!(kind, MKind::Tp { .. });
+                            latest(group(tp, cp, tp_group, lane).map(|k| (ready(r, k), r, k)))
+                                .expect("lanes")
                         }
                         _ => (ready(r, lane), r, lane),
                     };
                     let who = match kind {
-                        MKind::Dp { .. } => Who::Nobody,
-                        MKind::Tp { .. } => Who::Group(rank(r, s as u32, 0)),
+                        MKind::Dp { .. } | MKind::Cp { .. } => Who::Nobody,
+                        MKind::Tp { .. } => Who::Group(rank(r, s as u32, lane / tp * tp)),
                         _ => Who::Rank(rank(r, s as u32, lane)),
                     };
                     self.charge(&mut acc, &fast.stats, s, op, who, end - start);
@@ -843,24 +851,35 @@ impl StepModel {
                 let ins = &tape.orig[tape.producer[val.at as usize] as usize];
                 let end = at(val, lane);
                 let mut best: Option<(f64, Val, usize)> = None;
+                let coll = match ins.code {
+                    Code::Tp { .. } => Some(true),
+                    Code::Cp { .. } => Some(false),
+                    _ => None,
+                };
                 for &v in &tape.inputs[ins.i0 as usize..ins.i1 as usize] {
-                    let (e, ln) = if v.lanes && !ins.out.lanes {
-                        // One end for every lane: it started after the latest lane.
-                        (0..l)
-                            .map(|k| (at(v, k), k))
+                    let latest_of = |it: &mut dyn Iterator<Item = usize>| {
+                        it.map(|k| (at(v, k), k))
                             .fold((f64::NEG_INFINITY, 0), |b, c| if c.0 > b.0 { c } else { b })
-                    } else {
-                        (at(v, lane), lane)
+                    };
+                    let (e, ln) = match coll {
+                        // One start per group: after the group's latest lane.
+                        Some(tp_group) if v.lanes && ins.out.lanes => {
+                            latest_of(&mut group(tp, cp, tp_group, lane))
+                        }
+                        // One end for every lane: it started after the latest lane.
+                        _ if v.lanes && !ins.out.lanes => latest_of(&mut (0..l)),
+                        _ => (at(v, lane), lane),
                     };
                     if best.is_none_or(|b| e > b.0) {
                         best = Some((e, v, ln));
                     }
                 }
                 let start = best.map_or(0.0, |b| b.0);
-                let who = if ins.out.lanes {
-                    Who::Rank(rank(r, ins.stage, lane))
-                } else {
-                    Who::Group(rank(r, ins.stage, 0))
+                let who = match coll {
+                    Some(true) => Who::Group(rank(r, ins.stage, lane / tp * tp)),
+                    Some(false) => Who::Nobody,
+                    None if ins.out.lanes => Who::Rank(rank(r, ins.stage, lane)),
+                    None => Who::Group(rank(r, ins.stage, 0)),
                 };
                 self.charge(
                     &mut acc,
@@ -928,7 +947,8 @@ impl StepModel {
         stats: Option<&SegStats>,
         fuse: bool,
     ) -> Result<Tape, SimError> {
-        let l = self.layout.tp;
+        let l = lanes(&self.layout) as u32;
+        let (tp, cp) = (self.layout.tp, self.layout.cp);
         let pp = self.layout.pp as usize;
         let mut pc = vec![[0u32; NUM_STREAMS]; pp];
         let mut mail: Vec<Vec<Option<Val>>> = self
@@ -977,7 +997,10 @@ impl StepModel {
                         tape.inputs.extend(mail_in);
                         let lanes_in = tape.inputs[i0 as usize..].iter().any(|v| v.lanes);
                         let (code, lanes) = match st.kind[op as usize] {
-                            MKind::Tp { d } => (Code::Tp { d }, false),
+                            // A group collective is one time per group: per lane unless the
+                            // group spans every lane or every input is one time for all.
+                            MKind::Tp { d } => (Code::Tp { d }, lanes_in && cp > 1),
+                            MKind::Cp { d } => (Code::Cp { d }, lanes_in && tp > 1),
                             MKind::Local { d } | MKind::Send { d, .. } => {
                                 (Code::Add { d }, lanes_in)
                             }
@@ -1099,7 +1122,8 @@ impl StepModel {
         comm_factor: f64,
         trace: Option<&mut Trace>,
     ) -> f64 {
-        let l = self.layout.tp as usize;
+        let l = lanes(&self.layout);
+        let (tp, cp) = (self.layout.tp as usize, self.layout.cp as usize);
         let dp = self.layout.dp as usize;
         let scale = Scale::new(comm_factor, draw);
         let mut work = Work::new(self, tape);
@@ -1152,25 +1176,32 @@ impl StepModel {
                 };
                 match st.kind[op as usize] {
                     MKind::Dp { d } => {
-                        for lane in 0..l {
+                        // The group: every replica's lanes of the same TP rank (CP folded in).
+                        for head in group_heads(tp, cp, false) {
                             let start = (0..dp)
-                                .map(|r| st.tail_ready(store, r, op, lane, l).0)
+                                .flat_map(|r| group(tp, cp, false, head).map(move |k| (r, k)))
+                                .map(|(r, k)| st.tail_ready(store, r, op, k, l).0)
                                 .fold(0.0, f64::max);
                             for r in 0..dp {
-                                store[at(r, lane)] = start + scale.of(d);
+                                for k in group(tp, cp, false, head) {
+                                    store[at(r, k)] = start + scale.of(d);
+                                }
                             }
-                            note(start + scale.of(d), 0, lane);
+                            note(start + scale.of(d), 0, head);
                         }
                     }
-                    MKind::Tp { d } => {
+                    MKind::Tp { d } | MKind::Cp { d } => {
+                        let tp_group = matches!(st.kind[op as usize], MKind::Tp { .. });
                         for r in 0..dp {
-                            let start = (0..l)
-                                .map(|lane| st.tail_ready(store, r, op, lane, l).0)
-                                .fold(0.0, f64::max);
-                            for lane in 0..l {
-                                store[at(r, lane)] = start + scale.of(d);
+                            for head in group_heads(tp, cp, tp_group) {
+                                let start = group(tp, cp, tp_group, head)
+                                    .map(|k| st.tail_ready(store, r, op, k, l).0)
+                                    .fold(0.0, f64::max);
+                                for k in group(tp, cp, tp_group, head) {
+                                    store[at(r, k)] = start + scale.of(d);
+                                }
+                                note(start + scale.of(d), r, head);
                             }
-                            note(start + scale.of(d), r, 0);
                         }
                     }
                     MKind::Local { d } => {
@@ -1217,7 +1248,8 @@ impl StepModel {
 
     /// Evaluates replica `r`'s program into `work.vals`, drawing from the replica's own stream.
     fn run_replica(&self, tape: &Tape, r: usize, draw: &mut Draw, scale: Scale, work: &mut Work) {
-        let l = self.layout.tp as usize;
+        let l = lanes(&self.layout);
+        let tp = self.layout.tp as usize;
         let Work {
             vals,
             ready,
@@ -1273,11 +1305,26 @@ impl StepModel {
             }
             let out = ins.out.at as usize;
             match ins.code {
-                Code::Tp { d } => {
-                    if ins.lanes_in {
-                        t = ready.iter().copied().fold(0.0, f64::max);
+                Code::Tp { d } | Code::Cp { d } => {
+                    let d = scale.of(d);
+                    if ins.out.lanes {
+                        // One start per group: the latest of its lanes.
+                        let tp_group = matches!(ins.code, Code::Tp { .. });
+                        let cp = l / tp;
+                        for head in group_heads(tp, cp, tp_group) {
+                            let start = group(tp, cp, tp_group, head)
+                                .map(|k| ready[k])
+                                .fold(0.0, f64::max);
+                            for k in group(tp, cp, tp_group, head) {
+                                vals[out + k] = start + d;
+                            }
+                        }
+                    } else {
+                        if ins.lanes_in {
+                            t = ready.iter().copied().fold(0.0, f64::max);
+                        }
+                        vals[out] = t + d;
                     }
-                    vals[out] = t + scale.of(d);
                 }
                 Code::Add { d } => {
                     let d = scale.of(d);
@@ -1459,12 +1506,7 @@ impl StepModel {
         let gates = st.gates_of(op);
         let mut g = 0;
         let mut t = start;
-        let rank = self.layout.rank(Coord {
-            tp: lane,
-            cp: 0,
-            dp: replica,
-            pp: stage,
-        });
+        let rank = lane_rank(&self.layout, replica, stage, lane);
         for k in k0..k1 {
             while g < gates.len() && gates[g].0 == k {
                 t = t.max(gate_end[g]);
@@ -1526,12 +1568,37 @@ fn lane_factor(layout: &Layout, rank_factor: &[f64], replica: u32, stage: u32, l
     if rank_factor.is_empty() {
         return 1.0;
     }
-    rank_factor[layout.rank(Coord {
-        tp: lane,
-        cp: 0,
+    rank_factor[lane_rank(layout, replica, stage, lane) as usize]
+}
+
+/// Lanes of one stage of one replica: its `tp x cp` GPUs, lane `c * tp + t` being TP rank `t`
+/// of CP rank `c`.
+fn lanes(layout: &Layout) -> usize {
+    (layout.tp * layout.cp) as usize
+}
+
+/// The rank of lane `lane` of stage `stage` of replica `replica`.
+fn lane_rank(layout: &Layout, replica: u32, stage: u32, lane: u32) -> u32 {
+    layout.rank(Coord {
+        tp: lane % layout.tp,
+        cp: lane / layout.tp,
         dp: replica,
         pp: stage,
-    }) as usize]
+    })
+}
+
+/// The lanes of the TP group (`tp_group`) or else the CP group that holds `lane`, among
+/// `tp x cp` lanes.
+fn group(tp: usize, cp: usize, tp_group: bool, lane: usize) -> impl Iterator<Item = usize> {
+    let (t, c) = (lane % tp, lane / tp);
+    let n = if tp_group { tp } else { cp };
+    (0..n).map(move |i| if tp_group { c * tp + i } else { i * tp + t })
+}
+
+/// One lane of each TP group (`tp_group`) or else of each CP group.
+fn group_heads(tp: usize, cp: usize, tp_group: bool) -> impl Iterator<Item = usize> {
+    let (n, step) = if tp_group { (cp, tp) } else { (tp, 1) };
+    (0..n).map(move |i| i * step)
 }
 
 /// Compiles stage `s`'s program with the recorded durations `dur` (by original op id).
@@ -1619,6 +1686,7 @@ fn compile_stage(
                 match group {
                     _ if size == 1 => MKind::Local { d },
                     GroupKind::Tp => MKind::Tp { d },
+                    GroupKind::Cp => MKind::Cp { d },
                     // A head collective is reached at the same time on every lane and replica.
                     GroupKind::Dp if head_orig[op as usize] => MKind::Local { d },
                     GroupKind::Dp => MKind::Dp { d },
@@ -1735,8 +1803,12 @@ fn compile_stage(
             dependents[d as usize].push(i);
         }
     }
+    // (With context parallelism a TP collective sees only its group's lanes: none is.)
     let cops = out.stream_ops[Stream::Compute as usize].clone();
     for (k, &i) in cops.iter().enumerate() {
+        if layout.cp > 1 {
+            break;
+        }
         if out.tail[i as usize] || out.slot[i as usize] != u32::MAX {
             continue;
         }

@@ -22,6 +22,13 @@ fn engine(job: &Job, mode: Mode, p: Option<Perturbation>) -> f64 {
     .iteration_time_s
 }
 
+/// `job` with context parallelism `cp` (taken out of data parallelism).
+fn with_cp(mut job: Job, cp: u32) -> Job {
+    job.parallel.cp = cp;
+    job.parallel.dp /= cp;
+    job
+}
+
 /// With nominal durations the model reproduces the engine's iteration time exactly.
 #[test]
 fn nominal_equals_the_engine() {
@@ -29,6 +36,9 @@ fn nominal_equals_the_engine() {
         small_job(1, 2, 2, 16),
         small_job(4, 2, 2, 32),
         small_job(8, 4, 4, 64),
+        with_cp(small_job(1, 2, 2, 16), 2),
+        with_cp(small_job(4, 2, 2, 32), 2),
+        with_cp(small_job(8, 2, 2, 64), 4),
         llama3_405b_job(),
     ] {
         let m = StepModel::new(&job, &SimOptions::default()).unwrap();
@@ -44,10 +54,20 @@ fn nominal_equals_the_engine() {
 /// own draws equals the engine's perturbed per-rank run to the picosecond.
 #[test]
 fn exact_sampler_equals_the_per_rank_engine_in_a_node() {
-    let job = small_job(1, 2, 2, 16);
+    for (job, seeds) in [
+        (small_job(1, 2, 2, 16), 20),
+        (with_cp(small_job(1, 2, 2, 16), 2), 10),
+        (with_cp(small_job(1, 1, 2, 16), 2), 10),
+    ] {
+        exact_sampler_case(&job, seeds);
+    }
+}
+
+fn exact_sampler_case(job: &Job, seeds: u64) {
+    let job = job.clone();
     let n = job.num_gpus() as usize;
     let m = StepModel::new(&job, &SimOptions::default()).unwrap();
-    for seed in 0..20u64 {
+    for seed in 0..seeds {
         let p = Perturbation {
             rank_factor: (0..n)
                 .map(|r| 1.0 + 0.03 * ((r as u64 * 7 + seed) % 5) as f64)
@@ -73,7 +93,11 @@ fn exact_sampler_equals_the_per_rank_engine_in_a_node() {
         };
         let want = engine(&job, Mode::Full, Some(p.clone()));
         let got = m.sample_exact(&p).unwrap();
-        assert_eq!(got, want, "seed {seed}");
+        assert_eq!(
+            got, want,
+            "seed {seed}, tp {} cp {}",
+            job.parallel.tp, job.parallel.cp
+        );
     }
 }
 
@@ -106,7 +130,14 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
 /// means within 4 standard errors, with and without persistent per-GPU speeds.
 #[test]
 fn fast_sampler_has_the_law_of_the_per_kernel_sampler() {
-    let job = small_job(4, 4, 2, 32);
+    // Without and with context parallelism (TP and CP groups of different lanes).
+    for job in [small_job(4, 4, 2, 32), with_cp(small_job(4, 2, 2, 32), 2)] {
+        law_case(&job);
+    }
+}
+
+fn law_case(job: &Job) {
+    let job = job.clone();
     let n = job.num_gpus() as usize;
     let m = StepModel::new(&job, &SimOptions::default()).unwrap();
     let jitter = vec![
@@ -166,8 +197,9 @@ fn fast_sampler_has_the_law_of_the_per_kernel_sampler() {
         let (mf, sf) = mean_sd(&fast);
         let err = ((se * se + sf * sf) / samples as f64).sqrt();
         println!(
-            "speeds {speeds}: exact mean {me:.6e} sd {se:.3e}, fast mean {mf:.6e} sd {sf:.3e}, \
-             KS {d:.4} (critical {crit:.4})"
+            "cp {} speeds {speeds}: exact mean {me:.6e} sd {se:.3e}, fast mean {mf:.6e} sd {sf:.3e}, \
+             KS {d:.4} (critical {crit:.4})",
+            job.parallel.cp
         );
         assert!(d < crit, "KS {d} >= {crit}");
         assert!((me - mf).abs() < 4.0 * err, "means {me} vs {mf} (se {err})");
@@ -220,10 +252,6 @@ fn fast_sampler_with_speeds_only_is_deterministic_and_exact() {
 /// Unsupported jobs and jitter are errors (callers fall back to the engine), never panics.
 #[test]
 fn unsupported_inputs_are_errors() {
-    let mut job = small_job(4, 2, 2, 32);
-    job.parallel.cp = 2;
-    job.parallel.dp /= 2;
-    assert!(StepModel::new(&job, &SimOptions::default()).is_err());
     let job = small_job(4, 2, 2, 32);
     let m = StepModel::new(&job, &SimOptions::default()).unwrap();
     let p = Perturbation {
@@ -273,7 +301,13 @@ fn job_kernels(job: &Job) -> usize {
 /// finds a GPU made much slower than the rest.
 #[test]
 fn fast_attribution_telescopes_and_finds_a_slow_gpu() {
-    let job = small_job(4, 4, 2, 32);
+    for job in [small_job(4, 4, 2, 32), with_cp(small_job(4, 2, 2, 32), 2)] {
+        attribution_case(&job);
+    }
+}
+
+fn attribution_case(job: &Job) {
+    let job = job.clone();
     let n = job.num_gpus() as usize;
     let m = StepModel::new(&job, &SimOptions::default()).unwrap();
     let slow = 13u32;
@@ -309,7 +343,10 @@ fn fast_attribution_telescopes_and_finds_a_slow_gpu() {
         let group = slow - slow % job.parallel.tp;
         let top_rank = a.by_rank.first().map(|x| x.0);
         let top_group = a.by_tp_group.first().map(|x| x.0);
-        println!("seed {seed}: top rank {top_rank:?} top group {top_group:?} step {step}");
+        println!(
+            "cp {} seed {seed}: top rank {top_rank:?} top group {top_group:?} step {step}",
+            job.parallel.cp
+        );
         assert!(
             top_rank == Some(slow) || top_group == Some(group),
             "{:?} {:?}",
