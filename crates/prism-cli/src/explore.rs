@@ -798,7 +798,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         // Sample i of every candidate draws the same per-GPU speeds, jitter stream and
         // communication regime (common random numbers); `clusters = samples` gives every
         // sample its own cluster.
-        let runs: Vec<(Vec<f64>, &'static str)> = evaluated[..k]
+        let runs: Vec<(Vec<f64>, String)> = evaluated[..k]
             .par_iter()
             .map(|e| {
                 crate::predict::sample_steps(
@@ -815,7 +815,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
             })
             .collect::<Result<Vec<_>>>()?;
         bar.finish_and_clear();
-        let mut methods: Vec<&str> = Vec::new();
+        let mut methods: Vec<String> = Vec::new();
         for (c, (times, method)) in runs.into_iter().enumerate() {
             if !methods.contains(&method) {
                 methods.push(method);

@@ -164,7 +164,7 @@ pub(crate) fn sample_steps(
     per_rank: bool,
     base_opts: &SimOptions,
     bar: &indicatif::ProgressBar,
-) -> Result<(Vec<f64>, &'static str)> {
+) -> Result<(Vec<f64>, String)> {
     let (steps, method, _) =
         sample_steps_with_model(job, v, seed, samples, clusters, per_rank, base_opts, bar)?;
     Ok((steps, method))
@@ -187,22 +187,38 @@ fn sample_steps_with_model(
     per_rank: bool,
     base_opts: &SimOptions,
     bar: &indicatif::ProgressBar,
-) -> Result<(Vec<f64>, &'static str, Option<FastModel>)> {
+) -> Result<(Vec<f64>, String, Option<FastModel>)> {
     use rayon::prelude::*;
     // The max-plus step model (frozen communication durations, exact order-statistic draws)
     // when the job and the jitter allow it; otherwise every rank runs in the engine.
     let probe = draw_in(job, v, seed, 0, clusters);
-    let step_model = if per_rank || probe.is_symmetric() {
+    // Why the step model was not used, when it was not.
+    let mut why_not: Option<String> = None;
+    let step_model = if per_rank {
+        why_not = Some("--per-rank".into());
+        None
+    } else if probe.is_symmetric() {
         None
     } else {
-        prism_core::maxplus::StepModel::new(job, base_opts)
-            .ok()
-            .and_then(|m| m.fast_stats(&probe).ok().map(|f| (m, f)))
+        match prism_core::maxplus::StepModel::new(job, base_opts)
+            .and_then(|m| m.fast_stats(&probe).map(|f| (m, f)))
+        {
+            Ok(model) => Some(model),
+            Err(e) => {
+                why_not = Some(e.to_string());
+                None
+            }
+        }
     };
     let method = match (&step_model, probe.is_symmetric()) {
-        (_, true) => "ranks stay symmetric: one representative per stage, exact",
-        (Some(_), false) => "max-plus step model: every GPU, frozen communication durations",
-        (None, false) => "every rank simulated by the engine",
+        (_, true) => "ranks stay symmetric: one representative per stage, exact".to_string(),
+        (Some(_), false) => {
+            "max-plus step model: every GPU, frozen communication durations".to_string()
+        }
+        (None, false) => format!(
+            "every rank simulated by the engine ({})",
+            why_not.as_deref().unwrap_or("step model unavailable")
+        ),
     };
     let steps: Vec<f64> = (0..samples)
         .into_par_iter()

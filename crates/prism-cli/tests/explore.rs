@@ -254,8 +254,20 @@ fn step_method_and_per_rank() {
     let per_rank = prism(&[&args[..], &["--per-rank"]].concat());
     assert_eq!(
         per_rank["step_method"].as_str().unwrap(),
-        "every rank simulated by the engine"
+        "every rank simulated by the engine (--per-rank)"
     );
+    // Log-normal jitter has no segment-sum shortcut: the step model draws it kernel by kernel.
+    let lognormal = job_with_variability("lognormal", str::to_string);
+    let other = prism(&[
+        "explore",
+        lognormal.to_str().unwrap(),
+        "--samples",
+        "2",
+        "--json",
+    ]);
+    let method = other["step_method"].as_str().unwrap();
+    assert!(method.contains("max-plus"), "{method}");
+    std::fs::remove_file(&lognormal).ok();
     let (a, b) = (sampled_by_layout(&fast), sampled_by_layout(&per_rank));
     assert_eq!(a.len(), 10);
     // The same 10 layouts (the fastest by deterministic time), each with its statistics.

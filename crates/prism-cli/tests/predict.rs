@@ -181,3 +181,50 @@ fn fit_table_drives_the_variability() {
         "{e}"
     );
 }
+
+/// A job the step model does not cover (mixture of experts) is sampled by the per-rank engine,
+/// and `step_method` says why.
+#[test]
+fn engine_fallback_names_its_reason() {
+    let dir = std::env::temp_dir().join(format!("prism-predict-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let job = dir.join("moe.toml");
+    std::fs::write(
+        &job,
+        r#"name = "Mixtral 8x7B on 16 H100 with jitter"
+[model]
+preset = "mixtral-8x7b"
+layers = 4
+[cluster]
+preset = "dgx-h100"
+nodes = 2
+[parallel]
+tp = 2
+pp = 1
+ep = 8
+[training]
+global_batch = 16
+[variability]
+kernel_jitter = { gemm = { dist = "normal", mean = 1.0, std = 0.02 } }
+"#,
+    )
+    .unwrap();
+    let v = prism(&[
+        "predict",
+        job.to_str().unwrap(),
+        "--tokens",
+        "1e9",
+        "--samples",
+        "2",
+        "--runs",
+        "10",
+        "--allow-oom",
+        "--json",
+    ]);
+    let method = v["step_method"].as_str().unwrap();
+    assert!(
+        method.starts_with("every rank simulated by the engine (") && method.contains("mixture"),
+        "{method}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -33,7 +33,9 @@
 //!   jitter the maximum is the slowest lane's time. Each draw is exact in distribution (up to
 //!   picosecond rounding, the engine's truncation of a normal factor at 1e-3, and the
 //!   interpolation of a 16,384-point quantile table, below 1e-6 standard deviations in the
-//!   body). Supported: jitter that is normal (or constant) per op class.
+//!   body). A class whose jitter is not one normal (log-normal, gamma, empirical, several
+//!   distributions) has no segment-sum shortcut: its segments are drawn kernel by kernel from
+//!   the class's distributions (several at one shared uniform, as the engine draws them).
 //!
 //! Context parallelism: a stage of a replica has `tp x cp` lanes; a TP collective starts at the
 //! latest lane of its TP group, a CP collective at the latest of its CP group, and a tail DP
@@ -158,8 +160,39 @@ struct SegStats {
     mean: Vec<Vec<f64>>,
     /// Standard deviation (ps), per stage.
     sd: Vec<Vec<f64>>,
-    /// Factor mean and standard deviation per op class, indexed by `class as usize`.
+    /// Factor mean and standard deviation per op class, indexed by `class as usize` (for a
+    /// class drawn per kernel: the mean, used only to weigh attribution, and 0).
     class: Vec<(f64, f64)>,
+    /// Classes whose jitter is not one normal: drawn kernel by kernel as a constant times the
+    /// product of these distributions.
+    kernel: Vec<Option<KernelDraw>>,
+    /// Segments (per stage) holding such a kernel.
+    pk: Vec<Vec<bool>>,
+}
+
+/// The per-kernel draw of a class whose jitter has no segment-sum shortcut: `k` times one draw
+/// of the only distribution, or, when several apply, the product of their quantiles at one
+/// shared uniform (as the engine draws them).
+#[derive(Clone, Debug)]
+struct KernelDraw {
+    k: f64,
+    dists: Vec<Dist>,
+}
+
+impl KernelDraw {
+    fn draw(&self, rng: &mut Xoshiro256PlusPlus) -> f64 {
+        match self.dists.as_slice() {
+            [d] => self.k * d.sample(rng),
+            ds => {
+                let u: f64 = rng.random();
+                self.k * ds.iter().map(|d| d.quantile(u)).product::<f64>()
+            }
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        self.k * self.dists.iter().map(Dist::mean).product::<f64>()
+    }
 }
 
 /// Quantile table of the maximum of `lanes` i.i.d. standard normals.
@@ -236,6 +269,8 @@ enum Code {
         collapsible: bool,
         g0: u32,
         g1: u32,
+        /// Drawn kernel by kernel (a jitter without the normal shortcut).
+        pk: bool,
     },
     /// A fused run of one-time-for-every-lane steps `Tape::steps[s0..s1]`, each starting when
     /// the previous one ends (see [`Tape::fuse`]).
@@ -314,7 +349,14 @@ impl Tape {
             let kind = match ins.code {
                 _ if ins.lanes_in || ins.out.lanes => None,
                 Code::Tp { d } | Code::Cp { d } | Code::Add { d } => Some(StepKind::Comm { d }),
-                Code::Seg { m, sd, g0, g1, .. } if g0 == g1 => Some(StepKind::Seg { m, sd }),
+                Code::Seg {
+                    m,
+                    sd,
+                    g0,
+                    g1,
+                    pk: false,
+                    ..
+                } if g0 == g1 => Some(StepKind::Seg { m, sd }),
                 _ => None,
             };
             let Some(kind) = kind else {
@@ -574,6 +616,7 @@ enum Draw<'a> {
     /// `replica_rng(seed, r)` (the tail from `replica_rng(seed, dp)`).
     Fast {
         class: &'a [(f64, f64)],
+        kernel: &'a [Option<KernelDraw>],
         table: &'a MaxTable,
         rank_factor: &'a [f64],
         seed: u64,
@@ -660,64 +703,73 @@ impl StepModel {
     /// draw it.
     pub fn fast_stats(&self, p: &Perturbation) -> Result<FastStats, SimError> {
         let mut class_factor = Vec::with_capacity(OpClass::ALL.len());
+        let mut kernel = Vec::with_capacity(OpClass::ALL.len());
         for class in OpClass::ALL {
             let mut k = 1.0;
-            let mut normal: Option<(f64, f64)> = None;
+            let mut dists: Vec<Dist> = Vec::new();
             for (c, d) in &p.jitter {
                 if c.is_some_and(|c| c != class) {
                     continue;
                 }
-                match *d {
+                d.validate()
+                    .map_err(|e| unsupported(format!("kernel jitter of {}: {e}", class.name())))?;
+                match d {
                     Dist::Constant(v) => k *= v,
-                    Dist::Normal { mean, std } if normal.is_none() => {
-                        if !(mean > 0.0 && std >= 0.0 && std <= 0.15 * mean) {
-                            return Err(unsupported(format!(
-                                "normal jitter of {} needs mean > 0 and std <= 0.15 mean (got \
-                                 {mean}, {std})",
-                                class.name()
-                            )));
-                        }
-                        normal = Some((mean, std));
-                    }
-                    _ => {
-                        return Err(unsupported(format!(
-                            "kernel jitter of {} must be one normal (or constant) distribution",
-                            class.name()
-                        )));
-                    }
+                    other => dists.push(other.clone()),
                 }
             }
-            let (m, s) = normal.unwrap_or((1.0, 0.0));
-            class_factor.push((k * m, k * s));
+            match dists.as_slice() {
+                [] => {
+                    class_factor.push((k, 0.0));
+                    kernel.push(None);
+                }
+                // One normal (far from its floor): a segment's time is a normal sum.
+                [Dist::Normal { mean, std }] if *mean > 0.0 && *std <= 0.15 * mean => {
+                    class_factor.push((k * mean, k * std));
+                    kernel.push(None);
+                }
+                _ => {
+                    let kd = KernelDraw { k, dists };
+                    class_factor.push((kd.mean(), 0.0));
+                    kernel.push(Some(kd));
+                }
+            }
         }
         let mut mean = Vec::new();
         let mut sd = Vec::new();
+        let mut pk = Vec::new();
         for st in &self.stages {
             let mut m = vec![0.0; st.kind.len()];
             let mut v = vec![0.0; st.kind.len()];
+            let mut per_kernel = vec![false; st.kind.len()];
             for (i, k) in st.kind.iter().enumerate() {
                 if let MKind::Seg { k0, k1, .. } = *k {
                     let mut var = 0.0;
                     for j in k0..k1 {
-                        let (mu, sigma) = class_factor[st.kclass[j as usize] as usize];
+                        let c = st.kclass[j as usize] as usize;
+                        let (mu, sigma) = class_factor[c];
                         let d = st.kd[j as usize] as f64;
                         m[i] += d * mu;
                         var += (d * sigma) * (d * sigma);
+                        per_kernel[i] |= kernel[c].is_some();
                     }
                     v[i] = var.sqrt();
                 }
             }
             mean.push(m);
             sd.push(v);
+            pk.push(per_kernel);
         }
         let speeds = !p.rank_factor.is_empty();
         let stats = SegStats {
             mean,
             sd,
             class: class_factor,
+            kernel,
+            pk,
         };
         let tape = self.compile_tape(
-            &|s, op| speeds || stats.sd[s][op as usize] > 0.0,
+            &|s, op| speeds || stats.sd[s][op as usize] > 0.0 || stats.pk[s][op as usize],
             Some(&stats),
             true,
         )?;
@@ -763,6 +815,7 @@ impl StepModel {
         }
         Ok(Draw::Fast {
             class: &fast.stats.class,
+            kernel: &fast.stats.kernel,
             table: &fast.table,
             rank_factor,
             seed,
@@ -1021,16 +1074,22 @@ impl StepModel {
                                 for &(k, g) in st.gates_of(op) {
                                     tape.gates.push((k, vals[g as usize].expect("gate")));
                                 }
-                                let (m, sd) = match stats {
-                                    Some(f) => (f.mean[s][op as usize], f.sd[s][op as usize]),
+                                let (m, sd, pk) = match stats {
+                                    Some(f) => (
+                                        f.mean[s][op as usize],
+                                        f.sd[s][op as usize],
+                                        f.pk[s][op as usize],
+                                    ),
                                     None => (
                                         (k0..k1).map(|k| st.kd[k as usize]).sum::<SimTime>() as f64,
                                         0.0,
+                                        false,
                                     ),
                                 };
                                 let code = Code::Seg {
                                     m,
                                     sd,
+                                    pk,
                                     collapsible,
                                     g0,
                                     g1: tape.gates.len() as u32,
@@ -1403,6 +1462,7 @@ impl StepModel {
             collapsible,
             g0,
             g1,
+            pk,
         } = ins.code
         else {
             unreachable!("segment")
@@ -1419,7 +1479,7 @@ impl StepModel {
             let rmin = ready.iter().copied().fold(f64::INFINITY, f64::min);
             gates.iter().any(|&(_, g)| vals[g.at as usize] > rmin)
         };
-        let per_kernel = gated || matches!(draw, Draw::Exact(_));
+        let per_kernel = gated || pk || matches!(draw, Draw::Exact(_));
         if !per_kernel {
             match draw {
                 Draw::Nominal => {
@@ -1550,22 +1610,30 @@ impl StepModel {
                 }
                 Draw::Fast {
                     class,
+                    kernel,
                     rank_factor,
                     rng,
                     ..
                 } => {
-                    let (mu, sigma) = class[st.kclass[k as usize] as usize];
-                    let z: f64 = if sigma > 0.0 {
-                        StandardNormal.sample(rng)
-                    } else {
-                        0.0
+                    let c = st.kclass[k as usize] as usize;
+                    let jf = match &kernel[c] {
+                        Some(kd) => kd.draw(rng),
+                        None => {
+                            let (mu, sigma) = class[c];
+                            if sigma > 0.0 {
+                                let z: f64 = StandardNormal.sample(rng);
+                                mu + sigma * z
+                            } else {
+                                mu
+                            }
+                        }
                     };
                     let f = if rank_factor.is_empty() {
                         1.0
                     } else {
                         rank_factor[rank as usize]
                     };
-                    (f * d as f64 * (mu + sigma * z)).max(0.0)
+                    (f * d as f64 * jf).max(0.0)
                 }
             };
         }

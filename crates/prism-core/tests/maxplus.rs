@@ -132,15 +132,51 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
 fn fast_sampler_has_the_law_of_the_per_kernel_sampler() {
     // Without and with context parallelism (TP and CP groups of different lanes).
     for job in [small_job(4, 4, 2, 32), with_cp(small_job(4, 2, 2, 32), 2)] {
-        law_case(&job);
+        law_case(&job, normal_jitter(), 600);
     }
 }
 
-fn law_case(job: &Job) {
-    let job = job.clone();
-    let n = job.num_gpus() as usize;
-    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+/// Jitter with no segment-sum shortcut (log-normal and gamma, and two distributions on one
+/// class, drawn by the engine at one shared uniform) is drawn kernel by kernel: the same law
+/// as the per-kernel sampler.
+#[test]
+fn fast_sampler_draws_other_jitter_kernel_by_kernel() {
     let jitter = vec![
+        (
+            Some(OpClass::Gemm),
+            Dist::LogNormal {
+                mu: 0.0,
+                sigma: 0.05,
+            },
+        ),
+        (
+            Some(OpClass::Attention),
+            Dist::Gamma {
+                shape: 400.0,
+                scale: 0.0025,
+            },
+        ),
+        (
+            None,
+            Dist::LogNormal {
+                mu: 0.0,
+                sigma: 0.03,
+            },
+        ),
+        (
+            Some(OpClass::Elementwise),
+            Dist::Normal {
+                mean: 1.0,
+                std: 0.1,
+            },
+        ),
+    ];
+    // (Fewer samples: the engine's gamma quantile is slow.)
+    law_case(&small_job(4, 4, 2, 32), jitter, 300);
+}
+
+fn normal_jitter() -> Vec<(Option<OpClass>, Dist)> {
+    vec![
         (
             Some(OpClass::Gemm),
             Dist::Normal {
@@ -162,8 +198,13 @@ fn law_case(job: &Job) {
                 std: 0.1,
             },
         ),
-    ];
-    let samples = 600;
+    ]
+}
+
+fn law_case(job: &Job, jitter: Vec<(Option<OpClass>, Dist)>, samples: u64) {
+    let job = job.clone();
+    let n = job.num_gpus() as usize;
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
     for speeds in [false, true] {
         let rank_factor: Vec<f64> = if speeds {
             (0..n).map(|r| 1.0 + 0.02 * ((r * 7) % 5) as f64).collect()
@@ -259,12 +300,12 @@ fn unsupported_inputs_are_errors() {
             None,
             Dist::LogNormal {
                 mu: 0.0,
-                sigma: 0.02,
+                sigma: -0.02,
             },
         )],
         ..Perturbation::default()
     };
-    assert!(m.fast_stats(&p).is_err());
+    assert!(m.fast_stats(&p).is_err(), "an invalid jitter distribution");
     let p = Perturbation::default();
     let fs = m.fast_stats(&p).unwrap();
     assert!(
