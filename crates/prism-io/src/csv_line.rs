@@ -1,5 +1,33 @@
-//! One line of a simple CSV file (the kernel-time and distribution tables): comma-separated
-//! fields, optionally double-quoted with `""` for a quote inside.
+//! The simple CSV of the kernel-time and distribution tables: comma-separated fields,
+//! optionally double-quoted with `""` for a quote inside; blank lines and `#` lines are
+//! comments. Hand-written rather than the `csv` crate on purpose: the crate reads malformed
+//! quoting (`"a"x`, `a"b`, an unclosed quote) without an error, and these readers must name the
+//! line and the rule a bad file breaks.
+
+/// The data lines of `text` (not blank, not a `#` comment) with their 1-based numbers, split
+/// into fields.
+pub(crate) fn rows(text: &str) -> impl Iterator<Item = (usize, Result<Vec<String>, String>)> + '_ {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    text.lines().enumerate().filter_map(|(idx, raw)| {
+        let raw = raw.strip_suffix('\r').unwrap_or(raw);
+        let trimmed = raw.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            None
+        } else {
+            Some((idx + 1, split_fields(raw)))
+        }
+    })
+}
+
+/// `field` as written in a table: quoted when it would otherwise not read back the same
+/// (a separator, quote or line break, outer blanks, empty, or a `#` that could start a comment).
+pub(crate) fn quote(field: &str) -> String {
+    if field.contains([',', '"', '\n', '\r', '#']) || field.trim() != field || field.is_empty() {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_owned()
+    }
+}
 
 /// Splits one CSV line into fields; unquoted fields are trimmed.
 pub(crate) fn split_fields(line: &str) -> Result<Vec<String>, String> {

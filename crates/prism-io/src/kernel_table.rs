@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::csv_line::split_fields;
+use crate::csv_line::{quote, rows};
 use prism_core::cost::compute::KernelTable;
 
 /// Why a kernel table could not be read.
@@ -70,19 +70,12 @@ pub fn parse_kernel_table(text: &str, origin: &str) -> Result<KernelTable, Kerne
         line,
         rule,
     };
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut table = KernelTable::new();
     let mut seen: BTreeMap<(String, String, String), usize> = BTreeMap::new();
     let mut divisor: Option<f64> = None;
 
-    for (idx, raw) in text.lines().enumerate() {
-        let line = idx + 1;
-        let raw = raw.strip_suffix('\r').unwrap_or(raw);
-        let trimmed = raw.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        let fields = split_fields(raw).map_err(|rule| err(line, rule))?;
+    for (line, fields) in rows(text) {
+        let fields = fields.map_err(|rule| err(line, rule))?;
         if fields.len() != 4 {
             return Err(err(
                 line,
@@ -163,14 +156,6 @@ pub fn write_kernel_table(table: &KernelTable) -> String {
         );
     }
     out
-}
-
-fn quote(field: &str) -> String {
-    if field.contains([',', '"', '\n', '\r']) || field.trim() != field {
-        format!("\"{}\"", field.replace('"', "\"\""))
-    } else {
-        field.to_owned()
-    }
 }
 
 /// Checks the header and returns how many of its time unit make one second.
@@ -404,6 +389,8 @@ mod tests {
         t.insert("fc1_fwd", "8192x6656x16384", "bf16", 2.3105e-3);
         t.insert("odd, \"name\"", "1B", "fp8", 0.1 + 0.2);
         t.insert(" padded", "b1h2q3k4d5n", "bf16", 1e-7);
+        // An op that starts with `#` is quoted, not read back as a comment line.
+        t.insert("#3 gemm", "1B", "bf16", 2e-6);
         let text = write_kernel_table(&t);
         assert_eq!(parse_kernel_table(&text, "w.csv").unwrap(), t);
     }

@@ -44,7 +44,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::csv_line::split_fields;
+use crate::csv_line::{quote, rows};
 use prism_core::stats::Fit;
 use prism_core::variability::Dist;
 
@@ -79,20 +79,6 @@ fn read_text(path: &Path) -> Result<(String, String), SamplesError> {
         source,
     })?;
     Ok((text, name))
-}
-
-/// The non-blank, non-comment lines of `text` with their 1-based numbers, split into fields.
-fn rows(text: &str) -> impl Iterator<Item = (usize, Result<Vec<String>, String>)> + '_ {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    text.lines().enumerate().filter_map(|(idx, raw)| {
-        let raw = raw.strip_suffix('\r').unwrap_or(raw);
-        let trimmed = raw.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            None
-        } else {
-            Some((idx + 1, split_fields(raw)))
-        }
-    })
 }
 
 /// Reads a duration-samples CSV file: observations in seconds by signature, in file order.
@@ -337,14 +323,6 @@ pub fn parse_dist_table(text: &str, origin: &str) -> Result<BTreeMap<String, Dis
         ));
     }
     Ok(out)
-}
-
-fn quote(field: &str) -> String {
-    if field.contains([',', '"', '\n', '\r', '#']) || field.trim() != field || field.is_empty() {
-        format!("\"{}\"", field.replace('"', "\"\""))
-    } else {
-        field.to_owned()
-    }
 }
 
 #[cfg(test)]
