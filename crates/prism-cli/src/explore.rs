@@ -7,7 +7,7 @@
 //! 2. Simulate each feasible candidate once, deterministically (`Mode::Reduced`, falling back to
 //!    `Mode::Full` for asymmetric placements), in parallel.
 //! 3. With `--samples K` and a `[variability]` section, run K Monte Carlo iterations (every GPU,
-//!    perturbed as in `prism predict`) for the 10 fastest candidates, with
+//!    perturbed as in `prism predict`) for the `--sample-top` fastest candidates, with
 //!    [`crate::predict::sample_steps`]: the max-plus step model
 //!    ([`prism_core::maxplus::StepModel`], frozen communication durations) where the candidate
 //!    and the jitter allow it, else (or with `--per-rank`) the per-rank engine (`Mode::Full`, or
@@ -31,9 +31,6 @@ use prism_core::variability::Variability;
 use prism_io::report_json::{recompute_name, schedule_name};
 use serde_json::{Value, json};
 
-/// Candidates sampled with Monte Carlo (the fastest by deterministic time).
-const SAMPLED_CANDIDATES: usize = 10;
-
 #[derive(Debug, clap::Args)]
 pub struct ExploreArgs {
     /// Job file (default: the embedded example).
@@ -48,9 +45,14 @@ pub struct ExploreArgs {
     /// [variability] section; without them every quantile equals the deterministic time).
     #[arg(long, value_enum, default_value_t = Objective::Mean)]
     objective: Objective,
-    /// Monte Carlo iterations for each of the 10 fastest candidates (0: deterministic only).
+    /// Monte Carlo iterations for each of the --sample-top fastest candidates (0: deterministic
+    /// only).
     #[arg(long, default_value_t = 0)]
     samples: usize,
+    /// How many of the fastest candidates (by deterministic time) get the Monte Carlo
+    /// iterations (0: every feasible candidate).
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    sample_top: usize,
     /// Rows to report (0: all).
     #[arg(long, default_value_t = 20)]
     top: usize,
@@ -787,8 +789,13 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         );
     }
     let mut step_method: Option<String> = None;
+    let mut sampled_count = 0;
     if sampled {
-        let k = evaluated.len().min(SAMPLED_CANDIDATES);
+        let k = match args.sample_top {
+            0 => evaluated.len(),
+            n => evaluated.len().min(n),
+        };
+        sampled_count = k;
         let samples = args.samples as u64;
         let bar = progress(k * args.samples, "explore", "Monte Carlo iterations");
         let base_opts = SimOptions {
@@ -870,6 +877,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
             "global_batch": base.training.global_batch,
             "objective": objective.name(),
             "samples": if sampled { args.samples } else { 0 },
+            "sampled_candidates": sampled_count,
             "step_method": step_method,
             "seed": seed,
             "candidates_evaluated": counts.enumerated,
@@ -892,7 +900,9 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         &evaluated[..shown],
         feasible_count,
         objective,
-        step_method.as_deref().map(|m| (args.samples, m)),
+        step_method
+            .as_deref()
+            .map(|m| (args.samples, sampled_count, m)),
     );
     if !inversions.is_empty() {
         println!();
@@ -1023,7 +1033,7 @@ fn print_table(
     feasible: usize,
     objective: Objective,
     // Monte Carlo iterations per sampled layout and how they were simulated.
-    sampling: Option<(usize, &str)>,
+    sampling: Option<(usize, usize, &str)>,
 ) {
     println!("Prism explore: {}  ({source})", base.name);
     println!(
@@ -1035,10 +1045,8 @@ fn print_table(
         base.model.seq_len,
         objective.name(),
         match sampling {
-            Some((k, method)) => format!(
-                " ({k} Monte Carlo iterations for the {} fastest; {method})",
-                SAMPLED_CANDIDATES.min(feasible)
-            ),
+            Some((k, n, method)) =>
+                format!(" ({k} Monte Carlo iterations for the {n} fastest; {method})"),
             None => " (deterministic)".into(),
         }
     );

@@ -221,6 +221,34 @@ fn sampled_ranking() {
     std::fs::remove_file(&path).ok();
 }
 
+/// `--sample-top N` sets how many of the fastest layouts are sampled (0: every feasible one).
+#[test]
+fn sample_top_sets_how_many_are_sampled() {
+    let path = job_with_variability("top", str::to_string);
+    let p = path.to_str().unwrap();
+    let count = |v: &serde_json::Value| {
+        v["ranking"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e.get("sampled").is_some())
+            .count()
+    };
+    let base = ["explore", p, "--samples", "2", "--top", "0", "--json"];
+    let three = prism(&[&base[..], &["--sample-top", "3"]].concat());
+    assert_eq!(three["sampled_candidates"], 3);
+    assert_eq!(count(&three), 3);
+    let all = prism(&[&base[..], &["--sample-top", "0", "--gpus", "8"]].concat());
+    let feasible = all["feasible"].as_u64().unwrap() as usize;
+    assert!(feasible > 10, "{feasible}");
+    assert_eq!(
+        all["sampled_candidates"].as_u64().unwrap() as usize,
+        feasible
+    );
+    assert_eq!(count(&all), feasible);
+    std::fs::remove_file(&path).ok();
+}
+
 /// The sampled statistics of every sampled layout, by its `--set` arguments.
 fn sampled_by_layout(v: &serde_json::Value) -> Vec<(Vec<String>, serde_json::Value)> {
     let mut out: Vec<_> = v["ranking"]
