@@ -904,7 +904,7 @@ impl StepModel {
         // The replica's program, re-evaluated with the same draws.
         if let Some((r, mut val, mut lane)) = entry {
             let mut work = Work::new(self, tape);
-            self.run_replica(tape, r, &mut draw, trace.scale, &mut work);
+            self.replica(tape, r, &mut draw, trace.scale, &mut work);
             let vals = &work.vals;
             let at = |v: Val, lane: usize| vals[v.at as usize + if v.lanes { lane } else { 0 }];
             loop {
@@ -1202,7 +1202,7 @@ impl StepModel {
         let mut end_max = 0.0f64;
         let mut last = Loc::Start;
         for r in 0..dp {
-            self.run_replica(tape, r, draw, scale, &mut work);
+            self.replica(tape, r, draw, scale, &mut work);
             let vals = &work.vals;
             for v in &tape.sinks {
                 let n = if v.lanes { l } else { 1 };
@@ -1313,8 +1313,28 @@ impl StepModel {
     }
 
     /// Evaluates replica `r`'s program into `work.vals`, drawing from the replica's own stream.
-    fn run_replica(&self, tape: &Tape, r: usize, draw: &mut Draw, scale: Scale, work: &mut Work) {
-        let l = lanes(&self.layout);
+    fn replica(&self, tape: &Tape, r: usize, draw: &mut Draw, scale: Scale, work: &mut Work) {
+        // The common lane counts as compile-time constants (unrolled lane loops).
+        match lanes(&self.layout) {
+            1 => self.run_replica::<1>(tape, r, draw, scale, work),
+            2 => self.run_replica::<2>(tape, r, draw, scale, work),
+            4 => self.run_replica::<4>(tape, r, draw, scale, work),
+            8 => self.run_replica::<8>(tape, r, draw, scale, work),
+            _ => self.run_replica::<0>(tape, r, draw, scale, work),
+        }
+    }
+
+    /// [`StepModel::replica`] with `L` lanes (`L = 0`: the layout's count, not a constant).
+    fn run_replica<const L: usize>(
+        &self,
+        tape: &Tape,
+        r: usize,
+        draw: &mut Draw,
+        scale: Scale,
+        work: &mut Work,
+    ) {
+        let l = if L == 0 { lanes(&self.layout) } else { L };
+        debug_assert_eq!(l, lanes(&self.layout));
         let tp = self.layout.tp as usize;
         let Work {
             vals,
@@ -1322,6 +1342,7 @@ impl StepModel {
             lane_fs,
             fmax,
         } = work;
+        let ready = &mut ready[..l];
         if let Draw::Fast {
             rank_factor,
             seed,
@@ -1436,7 +1457,7 @@ impl StepModel {
                 }
                 Code::Seg { .. } => {
                     let lane_f = &lane_fs[ins.stage as usize * l..(ins.stage as usize + 1) * l];
-                    self.eval_seg(tape, ins, r as u32, t, ready, lane_f, vals, draw);
+                    self.eval_seg::<L>(tape, ins, r as u32, t, ready, lane_f, vals, draw);
                 }
             }
         }
@@ -1445,7 +1466,7 @@ impl StepModel {
     /// Evaluates segment instruction `ins` of replica `r`: the input is `t` (one time for every
     /// lane) or `ready` (per lane, when `ins.lanes_in`); writes the end into `vals`.
     #[allow(clippy::too_many_arguments)]
-    fn eval_seg(
+    fn eval_seg<const L: usize>(
         &self,
         tape: &Tape,
         ins: &Ins,
@@ -1467,7 +1488,8 @@ impl StepModel {
         else {
             unreachable!("segment")
         };
-        let l = ready.len();
+        let l = if L == 0 { ready.len() } else { L };
+        let ready = &mut ready[..l];
         let out = ins.out;
         let at = out.at as usize;
         if !ins.lanes_in {
