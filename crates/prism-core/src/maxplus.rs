@@ -617,6 +617,8 @@ enum Draw<'a> {
     Fast {
         class: &'a [(f64, f64)],
         kernel: &'a [Option<KernelDraw>],
+        /// Segments holding a kernel drawn on its own ([`SegStats::pk`]).
+        pk: &'a [Vec<bool>],
         table: &'a MaxTable,
         rank_factor: &'a [f64],
         seed: u64,
@@ -816,6 +818,7 @@ impl StepModel {
         Ok(Draw::Fast {
             class: &fast.stats.class,
             kernel: &fast.stats.kernel,
+            pk: &fast.stats.pk,
             table: &fast.table,
             rank_factor,
             seed,
@@ -1598,8 +1601,11 @@ impl StepModel {
     }
 
     /// End of segment `op` on one lane started at `start`, kernel by kernel: each kernel waits
-    /// for its gate (`gate_end`, by position in `st.gates_of(op)`) and takes its own draw.
+    /// for its gate (`gate_end`, by position in `st.gates_of(op)`) and takes its own draw. With
+    /// the fast sampler and normal jitter the kernels between two gates take one draw, of their
+    /// sum (itself normal).
     #[allow(clippy::too_many_arguments)]
+    #[inline(never)] // The rare path: kept out of the replica loop's registers.
     fn seg_lane(
         &self,
         st: &StageProg,
@@ -1618,6 +1624,45 @@ impl StepModel {
         let mut g = 0;
         let mut t = start;
         let rank = lane_rank(&self.layout, replica, stage, lane);
+        if let Draw::Fast {
+            class,
+            pk,
+            rank_factor,
+            rng,
+            ..
+        } = draw
+            && !pk[stage as usize][op as usize]
+        {
+            let f = if rank_factor.is_empty() {
+                1.0
+            } else {
+                rank_factor[rank as usize]
+            };
+            let mut piece = |m: f64, var: f64| {
+                if var > 0.0 {
+                    let z: f64 = StandardNormal.sample(rng);
+                    mx(f * (m + var.sqrt() * z), 0.0)
+                } else {
+                    f * m
+                }
+            };
+            let (mut m, mut var) = (0.0, 0.0);
+            for k in k0..k1 {
+                if g < gates.len() && gates[g].0 == k {
+                    t += piece(m, var);
+                    (m, var) = (0.0, 0.0);
+                    while g < gates.len() && gates[g].0 == k {
+                        t = mx(t, gate_end[g]);
+                        g += 1;
+                    }
+                }
+                let (mu, sigma) = class[st.kclass[k as usize] as usize];
+                let d = st.kd[k as usize] as f64;
+                m += d * mu;
+                var += (d * sigma) * (d * sigma);
+            }
+            return t + piece(m, var);
+        }
         for k in k0..k1 {
             while g < gates.len() && gates[g].0 == k {
                 t = t.max(gate_end[g]);
