@@ -818,6 +818,8 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
                     &base_opts,
                     &bar,
                 )
+                // The step model is not needed once the samples are drawn.
+                .map(|(steps, method, _model)| (steps, method))
                 .with_context(|| format!("Monte Carlo simulation failed for {}", label(&e.job)))
             })
             .collect::<Result<Vec<_>>>()?;

@@ -150,35 +150,18 @@ pub(crate) fn draw_in(
     }
 }
 
-/// Monte Carlo step times of `samples` iterations (sample `i` on cluster `i % clusters`), with
-/// the max-plus step model when the job and the jitter allow it (unless `per_rank`), otherwise
-/// with the per-rank engine; `bar` advances once per sample. Returns the samples in index
-/// order and a description of the method used.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn sample_steps(
-    job: &Job,
-    v: &Variability,
-    seed: u64,
-    samples: u64,
-    clusters: u64,
-    per_rank: bool,
-    base_opts: &SimOptions,
-    bar: &indicatif::ProgressBar,
-) -> Result<(Vec<f64>, String)> {
-    let (steps, method, _) =
-        sample_steps_with_model(job, v, seed, samples, clusters, per_rank, base_opts, bar)?;
-    Ok((steps, method))
-}
-
 /// The compiled step model and its fast statistics, when [`sample_steps`] used them.
-type FastModel = (
+pub(crate) type FastModel = (
     prism_core::maxplus::StepModel,
     prism_core::maxplus::FastStats,
 );
 
-/// [`sample_steps`], also returning the step model it used (if any).
+/// Monte Carlo step times of `samples` iterations (sample `i` on cluster `i % clusters`), with
+/// the max-plus step model when the job and the jitter allow it (unless `per_rank`), otherwise
+/// with the per-rank engine; `bar` advances once per sample. Returns the samples in index
+/// order, a description of the method used, and the step model it used (if any).
 #[allow(clippy::too_many_arguments)]
-fn sample_steps_with_model(
+pub(crate) fn sample_steps(
     job: &Job,
     v: &Variability,
     seed: u64,
@@ -322,7 +305,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         kernel_table,
         ..SimOptions::default()
     };
-    let (sample_steps, method, step_model) = sample_steps_with_model(
+    let (sample_steps, method, step_model) = sample_steps(
         job,
         v,
         seed,
