@@ -27,7 +27,12 @@ enum Run {
     /// untimed): per-GPU speeds (normal 3%, 1% outliers at 1.1x) and/or normal 2% jitter on
     /// GEMMs and attention.
     Step { speeds: bool, jitter: bool },
+    /// Ten million standard normal draws from the step model's generator on one thread.
+    NormalDraws,
 }
+
+/// Draws timed by the `normal-draws-10m` scenario.
+const NORMAL_DRAWS: u64 = 10_000_000;
 
 const SETS_64K: &[&str] = &[
     "cluster.nodes=8192",
@@ -55,6 +60,12 @@ fn scenarios() -> Vec<Scenario> {
             what: "same model on 65,536 H100 (dp 512, global batch 8192), every rank",
             sets: SETS_64K,
             run: Run::Engine(Mode::Full),
+        },
+        Scenario {
+            name: "normal-draws-10m",
+            what: "10 million standard normal draws from the step model's generator",
+            sets: &[],
+            run: Run::NormalDraws,
         },
         Scenario {
             name: "step-64k-jitter",
@@ -166,6 +177,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut times = Vec::new();
         let mut iteration = 0.0;
         let mut events = 0;
+        let mut draws = None;
         match &sc.run {
             Run::Engine(mode) => {
                 let opts = SimOptions {
@@ -195,17 +207,34 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         .with_context(|| format!("scenario {}", sc.name))?;
                     times.push(t0.elapsed().as_secs_f64());
                 }
+                draws = Some(m.draws_per_sample(&fast));
+            }
+            Run::NormalDraws => {
+                for i in 0..repeat as u64 {
+                    let t0 = Instant::now();
+                    iteration = prism_core::maxplus::normal_draws(NORMAL_DRAWS, i);
+                    times.push(t0.elapsed().as_secs_f64());
+                }
             }
         }
         let rss = if rss_ok { peak_rss_bytes() } else { None };
         let med = median(&mut times);
         if !args.json {
             eprintln!("{}: median {:.3} s over {} runs", sc.name, med, repeat);
+            if let Some(d) = draws {
+                eprintln!(
+                    "  draws per sample: {} per lane, {} per tensor-parallel group",
+                    d.lane, d.group
+                );
+            }
+            if matches!(sc.run, Run::NormalDraws) {
+                eprintln!("  {:.2} ns per draw", med / NORMAL_DRAWS as f64 * 1e9);
+            }
         }
         rows.push(serde_json::json!({
             "scenario": sc.name,
             "description": sc.what,
-            "gpus": job.num_gpus(),
+            "gpus": (!matches!(sc.run, Run::NormalDraws)).then(|| job.num_gpus()),
             "repeats": repeat,
             "wall_s_median": med,
             "wall_s_min": times.first().copied(),
@@ -213,6 +242,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "peak_rss_bytes": rss,
             "events": events,
             "simulated_iteration_s": iteration,
+            "lane_draws_per_sample": draws.map(|d| d.lane),
+            "group_draws_per_sample": draws.map(|d| d.group),
         }));
     }
     if args.json {
@@ -229,7 +260,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             println!(
                 "{:<26} {:>7} {:>12.3} {:>12.3} {:>12} {:>14}",
                 r["scenario"].as_str().unwrap_or(""),
-                r["gpus"],
+                r["gpus"]
+                    .as_u64()
+                    .map_or("-".to_string(), |g| g.to_string()),
                 r["wall_s_median"].as_f64().unwrap_or(f64::NAN),
                 r["wall_s_min"].as_f64().unwrap_or(f64::NAN),
                 rss,

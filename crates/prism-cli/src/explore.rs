@@ -778,7 +778,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
     // Stable sort: ties keep enumeration order, so the output is deterministic.
     evaluated.sort_by(|a, b| a.iteration_s.total_cmp(&b.iteration_s));
     // 3. Monte Carlo for the fastest candidates.
-    let v = &loaded.variability;
+    let v = &crate::predict::variability_of(&loaded)?;
     let has_variability = *v != Variability::default();
     let seed = args.seed.or(loaded.variability_seed).unwrap_or(1);
     let sampled = args.samples > 0 && has_variability;

@@ -65,15 +65,18 @@ pub struct PredictArgs {
 }
 
 /// Applies a `prism fit` distribution table (`[variability.distributions] table`): a row named
-/// after an op class (or `all`) becomes that class's kernel jitter, a row named `comm` the
+/// after an op class (or `all`) becomes that class's kernel jitter, a row named after a kernel of the
+/// job (e.g. `fc1_fwd`) that kernel's jitter on top of its class's, a row named `comm` the
 /// communication regime; each duration distribution is divided by its mean, giving a time
 /// factor of mean 1 around the cost model's nominal time.
 fn with_fit_table(
+    job: &Job,
     mut v: Variability,
     table: &std::collections::BTreeMap<String, prism_core::variability::Dist>,
     origin: &str,
 ) -> Result<Variability> {
-    use prism_core::variability::{CommRegime, KernelJitter};
+    use prism_core::variability::{CommRegime, KernelJitter, OpJitter};
+    let mut kernels = None;
     for (sig, d) in table {
         let mean = d.mean();
         if !(mean.is_finite() && mean > 0.0) {
@@ -91,13 +94,42 @@ fn with_fit_table(
                 factor,
             });
         } else {
-            bail!(
-                "{origin}: signature `{sig}` is neither an op class (gemm, attention, norm, softmax, \
-                 elementwise, embedding, loss, router, optimizer, framework, all) nor `comm`"
-            );
+            let names = kernels.get_or_insert_with(|| {
+                prism_core::graph::ExecutionGraph::build(job).kernel_names()
+            });
+            if !names.contains(sig.as_str()) {
+                bail!(
+                    "{origin}: signature `{sig}` is neither an op class (gemm, attention, norm, \
+                     softmax, elementwise, embedding, loss, router, optimizer, framework, all), \
+                     nor `comm`, nor the name of a kernel of this job ({})",
+                    names.iter().copied().collect::<Vec<_>>().join(", ")
+                );
+            }
+            v.op_jitter.retain(|j| j.op != *sig);
+            v.op_jitter.push(OpJitter {
+                op: sig.clone(),
+                factor,
+            });
         }
     }
     Ok(v)
+}
+
+/// The job's variability, with its `prism fit` table applied when `[variability.distributions]`
+/// names one.
+pub(crate) fn variability_of(loaded: &prism_io::jobfile::LoadedJob) -> Result<Variability> {
+    Ok(match &loaded.dist_table {
+        Some(path) => {
+            let table = prism_io::samples::read_dist_table(path)?;
+            with_fit_table(
+                &loaded.job,
+                loaded.variability.clone(),
+                &table,
+                &path.display().to_string(),
+            )?
+        }
+        None => loaded.variability.clone(),
+    })
 }
 
 /// Draws the perturbation of sample `i` on cluster `i % clusters`: the persistent per-GPU
@@ -137,6 +169,9 @@ pub(crate) fn draw_in(
             Some((class, j.factor.clone()))
         })
         .collect();
+    let op_jitter = (v.op_jitter.iter())
+        .map(|j| (j.op.clone(), j.factor.clone()))
+        .collect();
     let mut rng = stats::stream_rng(seed, &[4, i]);
     let comm_factor = v
         .comm_regime
@@ -145,6 +180,7 @@ pub(crate) fn draw_in(
     Perturbation {
         rank_factor,
         jitter,
+        op_jitter,
         comm_factor,
         seed: stats::stream_rng(seed, &[2, i]).random::<u64>(),
     }
@@ -272,18 +308,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     if !args.allow_oom {
         crate::check_memory(job)?;
     }
-    let v = match &loaded.dist_table {
-        Some(path) => {
-            let table = prism_io::samples::read_dist_table(path)?;
-            with_fit_table(
-                loaded.variability.clone(),
-                &table,
-                &path.display().to_string(),
-            )?
-        }
-        None => loaded.variability.clone(),
-    };
-    let v = &v;
+    let v = &variability_of(&loaded)?;
     let seed = args.seed.or(loaded.variability_seed).unwrap_or(1);
     let bar = indicatif::ProgressBar::new(args.samples as u64).with_style(
         indicatif::ProgressStyle::with_template(

@@ -492,3 +492,28 @@ fn slow_gpu_arguments() {
         assert!(err.contains(msg), "{a:?}: {err}");
     }
 }
+
+/// A job whose only variability is a `prism fit` table (`[variability.distributions]`) is
+/// sampled too: the table's kernel jitter spreads the sampled step times.
+#[test]
+fn fit_table_variability_is_sampled() {
+    let job = &data("fitted_op.toml");
+    let v = prism(&[
+        "explore",
+        job,
+        "--samples",
+        "6",
+        "--top",
+        "2",
+        "--sample-top",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["sampled_candidates"], 2);
+    let first = &v["ranking"][0]["sampled"];
+    println!("{first}");
+    assert!(
+        first["p99"].as_f64().unwrap() > first["p50"].as_f64().unwrap(),
+        "{first}"
+    );
+}

@@ -182,6 +182,27 @@ fn fit_table_drives_the_variability() {
     );
 }
 
+/// A fit-table row named after a kernel of the job (`fc1_fwd`) jitters that kernel: it is the
+/// job's only variability, and the step time spreads.
+#[test]
+fn fit_table_row_can_name_a_kernel() {
+    let v = prism(&[
+        "predict",
+        &data("fitted_op.toml"),
+        "--tokens",
+        "1e9",
+        "--samples",
+        "8",
+        "--runs",
+        "4",
+        "--json",
+    ]);
+    let s = &v["step_time_s"];
+    let (min, max) = (s["min"].as_f64().unwrap(), s["max"].as_f64().unwrap());
+    println!("fc1_fwd jitter only: step {min} .. {max} s");
+    assert!(max > min, "{min} {max}");
+}
+
 /// A job the step model does not cover (mixture of experts) is sampled by the per-rank engine,
 /// and `step_method` says why.
 #[test]

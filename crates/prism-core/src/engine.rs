@@ -71,6 +71,10 @@ pub struct Perturbation {
     pub rank_factor: Vec<f64>,
     /// Per-kernel time factor by op class (`None` = every class).
     pub jitter: Vec<(Option<OpClass>, crate::variability::Dist)>,
+    /// Per-kernel time factor of the kernels with this op name (a compute op of the execution
+    /// graph, e.g. `fc1_fwd`), on top of its class's. All the entries that apply to a kernel
+    /// are drawn at one shared uniform.
+    pub op_jitter: Vec<(String, crate::variability::Dist)>,
     /// Time factor of every collective and send of this iteration (one shared draw: correlated
     /// congestion); each collective's duration is shared by all its participants.
     pub comm_factor: f64,
@@ -83,6 +87,7 @@ impl Default for Perturbation {
         Perturbation {
             rank_factor: Vec::new(),
             jitter: Vec::new(),
+            op_jitter: Vec::new(),
             comm_factor: 1.0,
             seed: 0,
         }
@@ -102,7 +107,9 @@ impl Perturbation {
     /// per-kernel draws): the ranks of a stage stay identical and reduced or sliced runs stay
     /// exact. A communication regime is shared by every collective, so it keeps symmetry.
     pub fn is_symmetric(&self) -> bool {
-        self.jitter.is_empty() && self.rank_factor.windows(2).all(|w| w[0] == w[1])
+        self.jitter.is_empty()
+            && self.op_jitter.is_empty()
+            && self.rank_factor.windows(2).all(|w| w[0] == w[1])
     }
 
     /// Uniform draw in (0, 1) for (rank, program op, occurrence).
@@ -111,11 +118,16 @@ impl Perturbation {
         ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
-    /// Time factor of kernel `op` (of `class`) on `rank`.
-    pub(crate) fn kernel_factor(&self, rank: u32, op: u32, class: OpClass) -> f64 {
+    /// Time factor of kernel `op` (of `class`, named `name`) on `rank`.
+    pub(crate) fn kernel_factor(&self, rank: u32, op: u32, class: OpClass, name: &str) -> f64 {
         let mut f = self.rank_factor.get(rank as usize).copied().unwrap_or(1.0);
         for (c, d) in &self.jitter {
             if c.is_none_or(|c| c == class) {
+                f *= d.quantile(self.uniform(rank, op));
+            }
+        }
+        for (n, d) in &self.op_jitter {
+            if n == name {
                 f *= d.quantile(self.uniform(rank, op));
             }
         }
@@ -1028,7 +1040,7 @@ impl<'a> Sim<'a> {
         loop {
             let dur = match (&self.opts.perturbation, p.kind[op as usize]) {
                 (Some(pt), OpKind::Compute(c)) => {
-                    let f = pt.kernel_factor(i.rank, op, c.class);
+                    let f = pt.kernel_factor(i.rank, op, c.class, c.name);
                     (durations[op as usize] as f64 * f).round().max(1.0) as SimTime
                 }
                 _ => durations[op as usize],

@@ -227,6 +227,17 @@ pub struct ExecutionGraph {
 }
 
 impl ExecutionGraph {
+    /// The names of the compute ops (kernels) of every stage, sorted.
+    pub fn kernel_names(&self) -> std::collections::BTreeSet<&'static str> {
+        (self.programs.iter())
+            .flat_map(|p| p.kind.iter())
+            .filter_map(|k| match k {
+                OpKind::Compute(c) => Some(c.name),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The program `rank` runs.
     pub fn program_of(&self, rank: u32) -> &Program {
         &self.programs[self.layout.coord(rank).pp as usize]

@@ -101,6 +101,7 @@ struct StageProg {
     /// Kernels of the compute stream in order: nominal ps, class and original op id.
     kd: Vec<SimTime>,
     kclass: Vec<OpClass>,
+    kname: Vec<&'static str>,
     kop: Vec<u32>,
     /// Original op id of each macro-op (a segment's first kernel).
     orig_op: Vec<u32>,
@@ -160,12 +161,15 @@ struct SegStats {
     mean: Vec<Vec<f64>>,
     /// Standard deviation (ps), per stage.
     sd: Vec<Vec<f64>>,
-    /// Factor mean and standard deviation per op class, indexed by `class as usize` (for a
-    /// class drawn per kernel: the mean, used only to weigh attribution, and 0).
+    /// Factor mean and standard deviation per jitter group (kernels of one class with the same
+    /// op-name entries; for a group drawn per kernel: the mean, used only to weigh
+    /// attribution, and 0).
     class: Vec<(f64, f64)>,
-    /// Classes whose jitter is not one normal: drawn kernel by kernel as a constant times the
+    /// Groups whose jitter is not one normal: drawn kernel by kernel as a constant times the
     /// product of these distributions.
     kernel: Vec<Option<KernelDraw>>,
+    /// Jitter group of each kernel, per stage.
+    kgroup: Vec<Vec<u32>>,
     /// Segments (per stage) holding such a kernel.
     pk: Vec<Vec<bool>>,
 }
@@ -616,6 +620,8 @@ enum Draw<'a> {
     /// `replica_rng(seed, r)` (the tail from `replica_rng(seed, dp)`).
     Fast {
         class: &'a [(f64, f64)],
+        /// Jitter group of each kernel, per stage ([`SegStats::kgroup`]).
+        kgroup: &'a [Vec<u32>],
         kernel: &'a [Option<KernelDraw>],
         /// Segments holding a kernel drawn on its own ([`SegStats::pk`]).
         pk: &'a [Vec<bool>],
@@ -632,6 +638,15 @@ enum Draw<'a> {
 fn replica_rng(seed: u64, r: u64) -> Xoshiro256PlusPlus {
     use rand::SeedableRng;
     Xoshiro256PlusPlus::seed_from_u64(seed ^ r.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+/// Takes `n` standard normal draws from the fast sampler's generator (the per-replica stream of
+/// sample `seed`) and returns their sum, so that `prism bench` can time one draw.
+pub fn normal_draws(n: u64, seed: u64) -> f64 {
+    let mut rng = replica_rng(seed, 0);
+    (0..n)
+        .map(|_| -> f64 { StandardNormal.sample(&mut rng) })
+        .sum()
 }
 
 /// Unsupported job for the fast path.
@@ -704,17 +719,41 @@ impl StepModel {
     /// `p.rank_factor` is set, per-GPU speeds); an error when [`StepModel::sample_fast`] cannot
     /// draw it.
     pub fn fast_stats(&self, p: &Perturbation) -> Result<FastStats, SimError> {
-        let mut class_factor = Vec::with_capacity(OpClass::ALL.len());
-        let mut kernel = Vec::with_capacity(OpClass::ALL.len());
-        for class in OpClass::ALL {
+        // Kernels alike in jitter (same class, same op-name entries) share a group.
+        let mut keys: BTreeMap<(OpClass, Vec<usize>), u32> = BTreeMap::new();
+        let mut group_key: Vec<(OpClass, Vec<usize>)> = Vec::new();
+        let mut kgroup = Vec::with_capacity(self.stages.len());
+        for st in &self.stages {
+            let mut g = Vec::with_capacity(st.kd.len());
+            for (&class, &name) in st.kclass.iter().zip(&st.kname) {
+                let ops: Vec<usize> = (p.op_jitter.iter().enumerate())
+                    .filter(|(_, (n, _))| n == name)
+                    .map(|(i, _)| i)
+                    .collect();
+                let key = (class, ops);
+                let next = group_key.len() as u32;
+                let id = *keys.entry(key.clone()).or_insert_with(|| {
+                    group_key.push(key);
+                    next
+                });
+                g.push(id);
+            }
+            kgroup.push(g);
+        }
+        let mut class_factor = Vec::with_capacity(group_key.len());
+        let mut kernel = Vec::with_capacity(group_key.len());
+        for (class, ops) in &group_key {
             let mut k = 1.0;
             let mut dists: Vec<Dist> = Vec::new();
-            for (c, d) in &p.jitter {
-                if c.is_some_and(|c| c != class) {
-                    continue;
-                }
+            let class_entries = (p.jitter.iter())
+                .filter(|(c, _)| c.is_none_or(|c| c == *class))
+                .map(|(_, d)| (class.name(), d));
+            let op_entries = ops
+                .iter()
+                .map(|&i| (p.op_jitter[i].0.as_str(), &p.op_jitter[i].1));
+            for (what, d) in class_entries.chain(op_entries) {
                 d.validate()
-                    .map_err(|e| unsupported(format!("kernel jitter of {}: {e}", class.name())))?;
+                    .map_err(|e| unsupported(format!("kernel jitter of {what}: {e}")))?;
                 match d {
                     Dist::Constant(v) => k *= v,
                     other => dists.push(other.clone()),
@@ -740,7 +779,7 @@ impl StepModel {
         let mut mean = Vec::new();
         let mut sd = Vec::new();
         let mut pk = Vec::new();
-        for st in &self.stages {
+        for (st, kg) in self.stages.iter().zip(&kgroup) {
             let mut m = vec![0.0; st.kind.len()];
             let mut v = vec![0.0; st.kind.len()];
             let mut per_kernel = vec![false; st.kind.len()];
@@ -748,7 +787,7 @@ impl StepModel {
                 if let MKind::Seg { k0, k1, .. } = *k {
                     let mut var = 0.0;
                     for j in k0..k1 {
-                        let c = st.kclass[j as usize] as usize;
+                        let c = kg[j as usize] as usize;
                         let (mu, sigma) = class_factor[c];
                         let d = st.kd[j as usize] as f64;
                         m[i] += d * mu;
@@ -769,6 +808,7 @@ impl StepModel {
             class: class_factor,
             kernel,
             pk,
+            kgroup,
         };
         let tape = self.compile_tape(
             &|s, op| speeds || stats.sd[s][op as usize] > 0.0 || stats.pk[s][op as usize],
@@ -817,6 +857,7 @@ impl StepModel {
         }
         Ok(Draw::Fast {
             class: &fast.stats.class,
+            kgroup: &fast.stats.kgroup,
             kernel: &fast.stats.kernel,
             pk: &fast.stats.pk,
             table: &fast.table,
@@ -824,6 +865,92 @@ impl StepModel {
             seed,
             rng: replica_rng(seed, 0),
         })
+    }
+
+    /// The number of random draws one [`StepModel::sample_fast`] takes with these statistics
+    /// (with per-GPU speeds when they were made with them), counted on the compiled program. A
+    /// segment whose all-gather gate may still be running when it starts is counted at its
+    /// most: one draw per lane per piece between gates.
+    pub fn draws_per_sample(&self, fast: &FastStats) -> DrawCount {
+        let l = lanes(&self.layout) as u64;
+        let dp = self.layout.dp as u64;
+        let tape = &fast.tape;
+        let mut n = DrawCount::default();
+        for ins in &tape.ins {
+            match ins.code {
+                Code::Seg {
+                    sd,
+                    collapsible,
+                    g0,
+                    g1,
+                    pk,
+                    ..
+                } => {
+                    if g1 > g0 || pk {
+                        n.lane += l * self.lane_draws(&fast.stats, ins.stage as usize, ins.op);
+                    } else if sd == 0.0 || (!ins.out.lanes && !collapsible) {
+                    } else if !fast.speeds && !ins.lanes_in && collapsible {
+                        n.group += 1;
+                    } else {
+                        n.lane += l;
+                    }
+                }
+                Code::Run { s0, s1 } => {
+                    for step in &tape.steps[s0 as usize..s1 as usize] {
+                        if let StepKind::Seg { sd, .. } = step.kind
+                            && sd > 0.0
+                        {
+                            if fast.speeds {
+                                n.lane += l;
+                            } else {
+                                n.group += 1;
+                            }
+                        }
+                    }
+                }
+                Code::Add { .. } | Code::Tp { .. } | Code::Cp { .. } => {}
+            }
+        }
+        n.lane *= dp;
+        n.group *= dp;
+        for (s, st) in self.stages.iter().enumerate() {
+            for &op in &st.tail_ops {
+                if matches!(st.kind[op as usize], MKind::Seg { .. }) {
+                    n.lane += dp * l * self.lane_draws(&fast.stats, s, op);
+                }
+            }
+        }
+        n
+    }
+
+    /// Draws of [`StepModel::seg_lane`] for segment `op` of stage `s` with every gate binding:
+    /// one per piece between gates with any jitter, or, for a segment holding a kernel without
+    /// the normal shortcut, one per jittered kernel.
+    fn lane_draws(&self, stats: &SegStats, s: usize, op: u32) -> u64 {
+        let st = &self.stages[s];
+        let MKind::Seg { k0, k1, .. } = st.kind[op as usize] else {
+            unreachable!("segment")
+        };
+        let jittered = |k: u32| {
+            let c = stats.kgroup[s][k as usize] as usize;
+            stats.kernel[c].is_some() || stats.class[c].1 > 0.0
+        };
+        if stats.pk[s][op as usize] {
+            return (k0..k1).filter(|&k| jittered(k)).count() as u64;
+        }
+        let gates = st.gates_of(op);
+        let (mut pieces, mut any, mut g) = (0, false, 0);
+        for k in k0..k1 {
+            if g < gates.len() && gates[g].0 == k {
+                pieces += u64::from(any);
+                any = false;
+                while g < gates.len() && gates[g].0 == k {
+                    g += 1;
+                }
+            }
+            any |= jittered(k);
+        }
+        pieces + u64::from(any)
     }
 
     /// The critical path of the fast sample `(rank_factor, comm_factor, seed)` (the same draws
@@ -985,8 +1112,9 @@ impl StepModel {
             acc.class_of.entry(name).or_insert(class);
         };
         if let MKind::Seg { k0, k1, .. } = st.kind[op as usize] {
-            let w =
-                |k: u32| st.kd[k as usize] as f64 * stats.class[st.kclass[k as usize] as usize].0;
+            let w = |k: u32| {
+                st.kd[k as usize] as f64 * stats.class[stats.kgroup[s][k as usize] as usize].0
+            };
             let total: f64 = (k0..k1).map(w).sum();
             for k in k0..k1 {
                 let share = if total > 0.0 {
@@ -1626,6 +1754,7 @@ impl StepModel {
         let rank = lane_rank(&self.layout, replica, stage, lane);
         if let Draw::Fast {
             class,
+            kgroup,
             pk,
             rank_factor,
             rng,
@@ -1656,7 +1785,7 @@ impl StepModel {
                         g += 1;
                     }
                 }
-                let (mu, sigma) = class[st.kclass[k as usize] as usize];
+                let (mu, sigma) = class[kgroup[stage as usize][k as usize] as usize];
                 let d = st.kd[k as usize] as f64;
                 m += d * mu;
                 var += (d * sigma) * (d * sigma);
@@ -1672,17 +1801,23 @@ impl StepModel {
             t += match draw {
                 Draw::Nominal => d as f64,
                 Draw::Exact(p) => {
-                    let f = p.kernel_factor(rank, st.kop[k as usize], st.kclass[k as usize]);
+                    let f = p.kernel_factor(
+                        rank,
+                        st.kop[k as usize],
+                        st.kclass[k as usize],
+                        st.kname[k as usize],
+                    );
                     (d as f64 * f).round().max(1.0)
                 }
                 Draw::Fast {
                     class,
+                    kgroup,
                     kernel,
                     rank_factor,
                     rng,
                     ..
                 } => {
-                    let c = st.kclass[k as usize] as usize;
+                    let c = kgroup[stage as usize][k as usize] as usize;
                     let jf = match &kernel[c] {
                         Some(kd) => kd.draw(rng),
                         None => {
@@ -1716,6 +1851,15 @@ pub struct FastStats {
     tape: Tape,
     /// Made with per-GPU speeds (their segments are per lane).
     speeds: bool,
+}
+
+/// How many draws one fast sample takes ([`StepModel::draws_per_sample`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrawCount {
+    /// Draws of one lane's segment (or, for a jitter without the normal shortcut, kernel) time.
+    pub lane: u64,
+    /// Draws of a whole tensor-parallel group's slowest lane at once (order statistics).
+    pub group: u64,
 }
 
 fn check_comm_factor(c: f64) -> Result<(), SimError> {
@@ -1790,6 +1934,7 @@ fn compile_stage(
         };
         out.kd.push(dur[op as usize]);
         out.kclass.push(c.class);
+        out.kname.push(c.name);
         out.kop.push(op);
     }
     // Head data-parallel collectives of the original program: they wait for nothing but

@@ -60,6 +60,16 @@ pub struct KernelJitter {
     pub factor: Dist,
 }
 
+/// Per-kernel jitter of the kernels with one op name of the execution graph (e.g. `fc1_fwd`),
+/// on top of their class's: a fit table's signature that names an op.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpJitter {
+    /// Op name, as in the attribution's `by_op` and the trace.
+    pub op: String,
+    /// Time factor distribution (mean near 1).
+    pub factor: Dist,
+}
+
 /// Per-step communication regime: one draw per iteration, shared by every collective and send
 /// of that iteration (correlated congestion); multiplies communication time.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,6 +110,8 @@ pub struct Variability {
     pub gpu_speed: Option<GpuSpeed>,
     /// Per-kernel jitter by op class.
     pub kernel_jitter: Vec<KernelJitter>,
+    /// Per-kernel jitter by op name (from a fit table).
+    pub op_jitter: Vec<OpJitter>,
     /// Per-step communication regime.
     pub comm_regime: Option<CommRegime>,
     /// Fail-slow episodes.

@@ -88,6 +88,24 @@ fn exact_sampler_case(job: &Job, seeds: u64) {
                     },
                 ),
             ],
+            // By op name, on top of the class: one kernel name of the forward pass and one of
+            // the backward pass.
+            op_jitter: vec![
+                (
+                    "fc1_fwd".to_string(),
+                    Dist::Normal {
+                        mean: 1.1,
+                        std: 0.05,
+                    },
+                ),
+                (
+                    "qkv_dgrad".to_string(),
+                    Dist::LogNormal {
+                        mu: 0.0,
+                        sigma: 0.1,
+                    },
+                ),
+            ],
             comm_factor: 1.0,
             seed,
         };
@@ -132,7 +150,7 @@ fn mean_sd(x: &[f64]) -> (f64, f64) {
 fn fast_sampler_has_the_law_of_the_per_kernel_sampler() {
     // Without and with context parallelism (TP and CP groups of different lanes).
     for job in [small_job(4, 4, 2, 32), with_cp(small_job(4, 2, 2, 32), 2)] {
-        law_case(&job, normal_jitter(), 600);
+        law_case(&job, normal_jitter(), Vec::new(), 600);
     }
 }
 
@@ -172,7 +190,47 @@ fn fast_sampler_draws_other_jitter_kernel_by_kernel() {
         ),
     ];
     // (Fewer samples: the engine's gamma quantile is slow.)
-    law_case(&small_job(4, 4, 2, 32), jitter, 300);
+    law_case(&small_job(4, 4, 2, 32), jitter, Vec::new(), 300);
+}
+
+/// Jitter by op name (a fit table's signature naming a kernel) on top of the class jitter: a
+/// normal one joins the segment sums, a log-normal one is drawn kernel by kernel; the law is
+/// the per-kernel sampler's.
+#[test]
+fn fast_sampler_draws_op_name_jitter() {
+    let op_jitter = vec![
+        (
+            "fc1_fwd".to_string(),
+            Dist::Normal {
+                mean: 1.05,
+                std: 0.1,
+            },
+        ),
+        (
+            "fc2_dgrad".to_string(),
+            Dist::LogNormal {
+                mu: 0.0,
+                sigma: 0.08,
+            },
+        ),
+    ];
+    let job = small_job(4, 4, 2, 32);
+    law_case(&job, normal_jitter(), op_jitter, 400);
+    // The name selects its kernels: twice as long fc1 forward GEMMs lengthen the step (the
+    // engine agrees to the picosecond); a name of no kernel changes nothing.
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+    let only = |name: &str| Perturbation {
+        op_jitter: vec![(name.to_string(), Dist::Constant(2.0))],
+        ..Perturbation::default()
+    };
+    let doubled = m.sample_exact(&only("fc1_fwd")).unwrap();
+    println!(
+        "fc1_fwd twice as long: {doubled} s, nominal {} s",
+        m.nominal_s()
+    );
+    assert!(doubled > 1.01 * m.nominal_s());
+    assert_eq!(doubled, engine(&job, Mode::Full, Some(only("fc1_fwd"))));
+    assert_eq!(m.sample_exact(&only("no_such_op")).unwrap(), m.nominal_s());
 }
 
 fn normal_jitter() -> Vec<(Option<OpClass>, Dist)> {
@@ -201,7 +259,12 @@ fn normal_jitter() -> Vec<(Option<OpClass>, Dist)> {
     ]
 }
 
-fn law_case(job: &Job, jitter: Vec<(Option<OpClass>, Dist)>, samples: u64) {
+fn law_case(
+    job: &Job,
+    jitter: Vec<(Option<OpClass>, Dist)>,
+    op_jitter: Vec<(String, Dist)>,
+    samples: u64,
+) {
     let job = job.clone();
     let n = job.num_gpus() as usize;
     let m = StepModel::new(&job, &SimOptions::default()).unwrap();
@@ -214,6 +277,7 @@ fn law_case(job: &Job, jitter: Vec<(Option<OpClass>, Dist)>, samples: u64) {
         let p = |seed: u64| Perturbation {
             rank_factor: rank_factor.clone(),
             jitter: jitter.clone(),
+            op_jitter: op_jitter.clone(),
             comm_factor: 1.0,
             seed,
         };
@@ -394,5 +458,50 @@ fn attribution_case(job: &Job) {
             a.by_rank.first(),
             a.by_tp_group.first()
         );
+    }
+}
+
+/// The draw count of a fast sample: none without jitter; per-GPU speeds turn each order-statistic
+/// draw of a tensor-parallel group into one draw per lane and leave the rest alone; twice the
+/// replicas (same micro-batches each) take twice the draws.
+#[test]
+fn draws_per_sample_follow_the_program() {
+    let count = |job: &Job, speeds: bool, jitter: bool| {
+        let m = StepModel::new(job, &SimOptions::default()).unwrap();
+        let p = Perturbation {
+            rank_factor: if speeds {
+                vec![1.0; job.num_gpus() as usize]
+            } else {
+                Vec::new()
+            },
+            jitter: if jitter { normal_jitter() } else { Vec::new() },
+            ..Perturbation::default()
+        };
+        m.draws_per_sample(&m.fast_stats(&p).unwrap())
+    };
+    for (job, twice) in [
+        (small_job(4, 4, 2, 32), small_job(8, 4, 2, 64)),
+        (
+            with_cp(small_job(4, 2, 2, 32), 2),
+            with_cp(small_job(8, 2, 2, 64), 2),
+        ),
+    ] {
+        let lanes = (job.parallel.tp * job.parallel.cp) as u64;
+        let none = count(&job, true, false);
+        assert_eq!((none.lane, none.group), (0, 0), "no jitter, no draws");
+        let j = count(&job, false, true);
+        let sj = count(&job, true, true);
+        println!(
+            "{} GPUs: jitter {j:?}, speeds and jitter {sj:?}",
+            job.num_gpus()
+        );
+        assert!(j.lane > 0);
+        assert_eq!(sj.group, 0, "per-GPU speeds: no i.i.d. lanes");
+        assert_eq!(sj.lane, j.lane + lanes * j.group);
+        if job.parallel.cp == 1 {
+            assert!(j.group > 0, "collapsible segments draw the slowest lane");
+        }
+        let t = count(&twice, true, true);
+        assert_eq!(t.lane, 2 * sj.lane, "twice the replicas");
     }
 }

@@ -1667,6 +1667,7 @@ fn build_variability(
         variability: Variability {
             gpu_speed,
             kernel_jitter,
+            op_jitter: Vec::new(),
             comm_regime,
             fail_slow,
             failures,
