@@ -141,6 +141,7 @@ fn full_expected() -> Variability {
             kj("optimizer", normal(0.01)),
             kj("framework", ln(0.2)),
         ],
+        op_jitter: Vec::new(),
         comm_regime: Some(CommRegime { factor: ln(0.1) }),
         fail_slow: Some(FailSlow {
             rate_per_gpu_hour: 1e-5,
