@@ -65,9 +65,9 @@ pub struct PredictArgs {
 }
 
 /// Applies a `prism fit` distribution table (`[variability.distributions] table`): a row named
-/// after an op class (or `all`) becomes that class's kernel jitter, a row named after a kernel of the
-/// job (e.g. `fc1_fwd`) that kernel's jitter on top of its class's, a row named `comm` the
-/// communication regime; each duration distribution is divided by its mean, giving a time
+/// after an op class (or `all`) becomes that class's kernel jitter, a row named after a kernel
+/// of the job (e.g. `fc1_fwd`) that kernel's jitter on top of its class's, a row named `comm`
+/// the communication regime; each duration distribution is divided by its mean, giving a time
 /// factor of mean 1 around the cost model's nominal time.
 fn with_fit_table(
     job: &Job,

@@ -164,7 +164,7 @@ struct SegStats {
     /// Factor mean and standard deviation per jitter group (kernels of one class with the same
     /// op-name entries; for a group drawn per kernel: the mean, used only to weigh
     /// attribution, and 0).
-    class: Vec<(f64, f64)>,
+    group: Vec<(f64, f64)>,
     /// Groups whose jitter is not one normal: drawn kernel by kernel as a constant times the
     /// product of these distributions.
     kernel: Vec<Option<KernelDraw>>,
@@ -619,7 +619,7 @@ enum Draw<'a> {
     /// Per-segment draws with order-statistic shortcuts; replica `r` draws from its own stream
     /// `replica_rng(seed, r)` (the tail from `replica_rng(seed, dp)`).
     Fast {
-        class: &'a [(f64, f64)],
+        group: &'a [(f64, f64)],
         /// Jitter group of each kernel, per stage ([`SegStats::kgroup`]).
         kgroup: &'a [Vec<u32>],
         kernel: &'a [Option<KernelDraw>],
@@ -740,7 +740,7 @@ impl StepModel {
             }
             kgroup.push(g);
         }
-        let mut class_factor = Vec::with_capacity(group_key.len());
+        let mut group_factor = Vec::with_capacity(group_key.len());
         let mut kernel = Vec::with_capacity(group_key.len());
         for (class, ops) in &group_key {
             let mut k = 1.0;
@@ -761,17 +761,17 @@ impl StepModel {
             }
             match dists.as_slice() {
                 [] => {
-                    class_factor.push((k, 0.0));
+                    group_factor.push((k, 0.0));
                     kernel.push(None);
                 }
                 // One normal (far from its floor): a segment's time is a normal sum.
                 [Dist::Normal { mean, std }] if *mean > 0.0 && *std <= 0.15 * mean => {
-                    class_factor.push((k * mean, k * std));
+                    group_factor.push((k * mean, k * std));
                     kernel.push(None);
                 }
                 _ => {
                     let kd = KernelDraw { k, dists };
-                    class_factor.push((kd.mean(), 0.0));
+                    group_factor.push((kd.mean(), 0.0));
                     kernel.push(Some(kd));
                 }
             }
@@ -788,7 +788,7 @@ impl StepModel {
                     let mut var = 0.0;
                     for j in k0..k1 {
                         let c = kg[j as usize] as usize;
-                        let (mu, sigma) = class_factor[c];
+                        let (mu, sigma) = group_factor[c];
                         let d = st.kd[j as usize] as f64;
                         m[i] += d * mu;
                         var += (d * sigma) * (d * sigma);
@@ -805,7 +805,7 @@ impl StepModel {
         let stats = SegStats {
             mean,
             sd,
-            class: class_factor,
+            group: group_factor,
             kernel,
             pk,
             kgroup,
@@ -856,7 +856,7 @@ impl StepModel {
             ));
         }
         Ok(Draw::Fast {
-            class: &fast.stats.class,
+            group: &fast.stats.group,
             kgroup: &fast.stats.kgroup,
             kernel: &fast.stats.kernel,
             pk: &fast.stats.pk,
@@ -888,11 +888,12 @@ impl StepModel {
                 } => {
                     if g1 > g0 || pk {
                         n.lane += l * self.lane_draws(&fast.stats, ins.stage as usize, ins.op);
-                    } else if sd == 0.0 || (!ins.out.lanes && !collapsible) {
-                    } else if !fast.speeds && !ins.lanes_in && collapsible {
-                        n.group += 1;
-                    } else {
-                        n.lane += l;
+                    } else if sd > 0.0 && (ins.out.lanes || collapsible) {
+                        if !fast.speeds && !ins.lanes_in && collapsible {
+                            n.group += 1;
+                        } else {
+                            n.lane += l;
+                        }
                     }
                 }
                 Code::Run { s0, s1 } => {
@@ -933,24 +934,16 @@ impl StepModel {
         };
         let jittered = |k: u32| {
             let c = stats.kgroup[s][k as usize] as usize;
-            stats.kernel[c].is_some() || stats.class[c].1 > 0.0
+            stats.kernel[c].is_some() || stats.group[c].1 > 0.0
         };
         if stats.pk[s][op as usize] {
             return (k0..k1).filter(|&k| jittered(k)).count() as u64;
         }
-        let gates = st.gates_of(op);
-        let (mut pieces, mut any, mut g) = (0, false, 0);
-        for k in k0..k1 {
-            if g < gates.len() && gates[g].0 == k {
-                pieces += u64::from(any);
-                any = false;
-                while g < gates.len() && gates[g].0 == k {
-                    g += 1;
-                }
-            }
-            any |= jittered(k);
-        }
-        pieces + u64::from(any)
+        let mut pieces = 0;
+        for_each_piece(st, op, &stats.group, &stats.kgroup[s], |_, _, var| {
+            pieces += u64::from(var > 0.0);
+        });
+        pieces
     }
 
     /// The critical path of the fast sample `(rank_factor, comm_factor, seed)` (the same draws
@@ -1113,7 +1106,7 @@ impl StepModel {
         };
         if let MKind::Seg { k0, k1, .. } = st.kind[op as usize] {
             let w = |k: u32| {
-                st.kd[k as usize] as f64 * stats.class[stats.kgroup[s][k as usize] as usize].0
+                st.kd[k as usize] as f64 * stats.group[stats.kgroup[s][k as usize] as usize].0
             };
             let total: f64 = (k0..k1).map(w).sum();
             for k in k0..k1 {
@@ -1753,7 +1746,7 @@ impl StepModel {
         let mut t = start;
         let rank = lane_rank(&self.layout, replica, stage, lane);
         if let Draw::Fast {
-            class,
+            group,
             kgroup,
             pk,
             rank_factor,
@@ -1775,22 +1768,13 @@ impl StepModel {
                     f * m
                 }
             };
-            let (mut m, mut var) = (0.0, 0.0);
-            for k in k0..k1 {
-                if g < gates.len() && gates[g].0 == k {
-                    t += piece(m, var);
-                    (m, var) = (0.0, 0.0);
-                    while g < gates.len() && gates[g].0 == k {
-                        t = mx(t, gate_end[g]);
-                        g += 1;
-                    }
+            for_each_piece(st, op, group, &kgroup[stage as usize], |waits, m, var| {
+                for &e in &gate_end[waits] {
+                    t = mx(t, e);
                 }
-                let (mu, sigma) = class[kgroup[stage as usize][k as usize] as usize];
-                let d = st.kd[k as usize] as f64;
-                m += d * mu;
-                var += (d * sigma) * (d * sigma);
-            }
-            return t + piece(m, var);
+                t += piece(m, var);
+            });
+            return t;
         }
         for k in k0..k1 {
             while g < gates.len() && gates[g].0 == k {
@@ -1810,7 +1794,7 @@ impl StepModel {
                     (d as f64 * f).round().max(1.0)
                 }
                 Draw::Fast {
-                    class,
+                    group,
                     kgroup,
                     kernel,
                     rank_factor,
@@ -1821,7 +1805,7 @@ impl StepModel {
                     let jf = match &kernel[c] {
                         Some(kd) => kd.draw(rng),
                         None => {
-                            let (mu, sigma) = class[c];
+                            let (mu, sigma) = group[c];
                             if sigma > 0.0 {
                                 let z: f64 = StandardNormal.sample(rng);
                                 mu + sigma * z
@@ -1841,6 +1825,42 @@ impl StepModel {
         }
         t
     }
+}
+
+/// Splits segment `op` of `st` at its gates and calls `f(waits, mean, var)` for each piece in
+/// order: `waits`, the gates (indices into `st.gates_of(op)`) the piece waits for before it
+/// starts (none for the first piece), and the sums over its kernels of the nominal time times
+/// the jitter group's factor mean (`group`, by the kernels' groups `kgroup`) and of its squared
+/// standard deviation.
+fn for_each_piece(
+    st: &StageProg,
+    op: u32,
+    group: &[(f64, f64)],
+    kgroup: &[u32],
+    mut f: impl FnMut(std::ops::Range<usize>, f64, f64),
+) {
+    let MKind::Seg { k0, k1, .. } = st.kind[op as usize] else {
+        unreachable!("segment")
+    };
+    let gates = st.gates_of(op);
+    let (mut waits, mut g) = (0..0, 0);
+    let (mut m, mut var) = (0.0, 0.0);
+    for k in k0..k1 {
+        if g < gates.len() && gates[g].0 == k {
+            f(waits, m, var);
+            (m, var) = (0.0, 0.0);
+            let first = g;
+            while g < gates.len() && gates[g].0 == k {
+                g += 1;
+            }
+            waits = first..g;
+        }
+        let (mu, sigma) = group[kgroup[k as usize] as usize];
+        let d = st.kd[k as usize] as f64;
+        m += d * mu;
+        var += (d * sigma) * (d * sigma);
+    }
+    f(waits, m, var);
 }
 
 /// The fast sampler's per-job statistics ([`StepModel::fast_stats`]).
