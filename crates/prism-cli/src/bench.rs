@@ -27,6 +27,9 @@ enum Run {
     /// untimed): per-GPU speeds (normal 3%, 1% outliers at 1.1x) and/or normal 2% jitter on
     /// GEMMs and attention.
     Step { speeds: bool, jitter: bool },
+    /// One pruned sample of the step model (speeds and jitter as above, regime 1) after two
+    /// untimed pilots at regimes 0.9 and 1.1: the cost of a cluster's non-pilot sample.
+    Pruned,
     /// Ten million standard normal draws from the step model's generator on one thread.
     NormalDraws,
 }
@@ -93,6 +96,12 @@ fn scenarios() -> Vec<Scenario> {
                 speeds: true,
                 jitter: true,
             },
+        },
+        Scenario {
+            name: "step-64k-pruned",
+            what: "step model, 65,536 H100: one sample with replica pruning, per-GPU speeds and jitter",
+            sets: SETS_64K,
+            run: Run::Pruned,
         },
     ]
 }
@@ -178,6 +187,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         let mut iteration = 0.0;
         let mut events = 0;
         let mut draws = None;
+        let mut replicas: Option<Vec<usize>> = None;
         match &sc.run {
             Run::Engine(mode) => {
                 let opts = SimOptions {
@@ -209,6 +219,26 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 }
                 draws = Some(m.draws_per_sample(&fast));
             }
+            Run::Pruned => {
+                let p = step_perturbation(job.num_gpus() as usize, true, true);
+                let m = prism_core::maxplus::StepModel::new(&job, &SimOptions::default())
+                    .with_context(|| format!("scenario {}", sc.name))?;
+                let fast = m.fast_stats(&p)?;
+                let rf = &p.rank_factor;
+                let (_, a) = m.sample_pilot(&fast, rf, 0.9, u64::MAX)?;
+                let (_, b) = m.sample_pilot(&fast, rf, 1.1, u64::MAX - 1)?;
+                let pruner = prism_core::maxplus::Pruner::new(&m, &fast, rf, a, Some(b))
+                    .context("pruning does not apply")?;
+                let mut evaluated = Vec::new();
+                for i in 0..repeat as u64 {
+                    let t0 = Instant::now();
+                    let (t, k) = m.sample_pruned(&fast, &pruner, rf, 1.0, i)?;
+                    times.push(t0.elapsed().as_secs_f64());
+                    iteration = t;
+                    evaluated.push(k);
+                }
+                replicas = Some(evaluated);
+            }
             Run::NormalDraws => {
                 for i in 0..repeat as u64 {
                     let t0 = Instant::now();
@@ -225,6 +255,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 eprintln!(
                     "  draws per sample: {} per lane, {} per tensor-parallel group",
                     d.lane, d.group
+                );
+            }
+            if let Some(r) = &replicas {
+                eprintln!(
+                    "  replicas evaluated per sample: {r:?} of {}",
+                    job.parallel.dp
                 );
             }
             if matches!(sc.run, Run::NormalDraws) {
@@ -244,6 +280,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             "simulated_iteration_s": iteration,
             "lane_draws_per_sample": draws.map(|d| d.lane),
             "group_draws_per_sample": draws.map(|d| d.group),
+            "replicas_evaluated": replicas,
         }));
     }
     if args.json {

@@ -815,6 +815,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
                     samples,
                     samples,
                     args.per_rank,
+                    true,
                     &base_opts,
                     &bar,
                 )

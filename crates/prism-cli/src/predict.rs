@@ -59,6 +59,12 @@ pub struct PredictArgs {
     /// re-simulated per sample) instead of the max-plus step model.
     #[arg(long)]
     per_rank: bool,
+    /// Evaluate every data-parallel replica in every step-model sample. By default a cluster's
+    /// samples skip the replicas that provably cannot change the step time (bounds from two
+    /// pilot samples of the cluster; the same result but for probability below 1e-17 per
+    /// replica and value); this switch is for timing and checking that shortcut.
+    #[arg(long)]
+    no_prune: bool,
     /// Write an SVG of the step-time and training-time CDFs with the guarantee marked.
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
@@ -172,18 +178,19 @@ pub(crate) fn draw_in(
     let op_jitter = (v.op_jitter.iter())
         .map(|j| (j.op.clone(), j.factor.clone()))
         .collect();
-    let mut rng = stats::stream_rng(seed, &[4, i]);
-    let comm_factor = v
-        .comm_regime
-        .as_ref()
-        .map_or(1.0, |c| c.factor.sample(&mut rng).max(1e-3));
     Perturbation {
         rank_factor,
         jitter,
         op_jitter,
-        comm_factor,
+        comm_factor: comm_factor(v, seed, i),
         seed: stats::stream_rng(seed, &[2, i]).random::<u64>(),
     }
+}
+
+/// The communication regime of sample `i`.
+fn comm_factor(v: &Variability, seed: u64, i: u64) -> f64 {
+    let mut rng = stats::stream_rng(seed, &[4, i]);
+    (v.comm_regime.as_ref()).map_or(1.0, |c| c.factor.sample(&mut rng).max(1e-3))
 }
 
 /// The compiled step model and its fast statistics, when [`sample_steps`] used them.
@@ -204,6 +211,7 @@ pub(crate) fn sample_steps(
     samples: u64,
     clusters: u64,
     per_rank: bool,
+    prune: bool,
     base_opts: &SimOptions,
     bar: &indicatif::ProgressBar,
 ) -> Result<(Vec<f64>, String, Option<FastModel>)> {
@@ -239,15 +247,13 @@ pub(crate) fn sample_steps(
             why_not.as_deref().unwrap_or("step model unavailable")
         ),
     };
+    if let Some((m, fast)) = &step_model {
+        let steps = step_model_samples(job, v, seed, samples, clusters, prune, m, fast, bar)?;
+        return Ok((steps, method, step_model));
+    }
     let steps: Vec<f64> = (0..samples)
         .into_par_iter()
         .map(|i| {
-            if let Some((m, fast)) = &step_model {
-                let p = draw_in(job, v, seed, i, clusters);
-                let r = m.sample_fast(fast, &p.rank_factor, p.comm_factor, sample_seed(seed, i));
-                bar.inc(1);
-                return r;
-            }
             // Exact shortcut: a perturbation that treats every rank alike (a shared network
             // regime only) keeps the ranks symmetric, so one representative per stage suffices.
             let p = draw_in(job, v, seed, i, clusters);
@@ -278,6 +284,88 @@ pub(crate) fn sample_steps(
         .collect::<Result<Vec<f64>, _>>()
         .context("simulation failed")?;
     Ok((steps, method, step_model))
+}
+
+/// Step-model samples, cluster by cluster. With per-GPU speeds and at least three samples in
+/// a cluster (and `prune`), the cluster's samples with the lowest and the highest
+/// communication regime are evaluated in full as pilots, and the others skip the replicas the
+/// pilots prove irrelevant ([`prism_core::maxplus::StepModel::sample_pruned`]): the same
+/// samples, faster.
+#[allow(clippy::too_many_arguments)]
+fn step_model_samples(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    samples: u64,
+    clusters: u64,
+    prune: bool,
+    m: &prism_core::maxplus::StepModel,
+    fast: &prism_core::maxplus::FastStats,
+    bar: &indicatif::ProgressBar,
+) -> Result<Vec<f64>> {
+    use prism_core::maxplus::Pruner;
+    use rayon::prelude::*;
+    let clusters = clusters.clamp(1, samples.max(1));
+    let by_cluster = (0..clusters)
+        .into_par_iter()
+        .map(|k| -> Result<Vec<(u64, f64)>> {
+            let idx: Vec<u64> = (k..samples).step_by(clusters as usize).collect();
+            let rank_factor = draw_in(job, v, seed, k, clusters).rank_factor;
+            let comm: Vec<f64> = idx.iter().map(|&i| comm_factor(v, seed, i)).collect();
+            let one = |j: usize| -> Result<(u64, f64)> {
+                let i = idx[j];
+                let t = m.sample_fast(fast, &rank_factor, comm[j], sample_seed(seed, i))?;
+                bar.inc(1);
+                Ok((i, t))
+            };
+            if !prune || rank_factor.is_empty() || idx.len() < 3 {
+                return (0..idx.len()).into_par_iter().map(one).collect();
+            }
+            // The pilots: the lowest and the highest regime (the first on ties).
+            let by = |better: fn(f64, f64) -> bool| {
+                (0..comm.len()).fold(0, |b, j| if better(comm[j], comm[b]) { j } else { b })
+            };
+            let (lo, hi) = (by(|a, b| a < b), by(|a, b| a > b));
+            let pilot = |j: usize| {
+                let r = m.sample_pilot(fast, &rank_factor, comm[j], sample_seed(seed, idx[j]));
+                bar.inc(1);
+                r
+            };
+            let (a, b) = rayon::join(|| pilot(lo), || (hi != lo).then(|| pilot(hi)));
+            let (ta, pa) = a?;
+            let mut out = vec![(idx[lo], ta)];
+            let pb = match b.transpose()? {
+                Some((tb, pb)) => {
+                    out.push((idx[hi], tb));
+                    Some(pb)
+                }
+                None => None,
+            };
+            let pruner = Pruner::new(m, fast, &rank_factor, pa, pb);
+            let rest = (0..idx.len())
+                .into_par_iter()
+                .filter(|&j| j != lo && j != hi)
+                .map(|j| -> Result<(u64, f64)> {
+                    let Some(pruner) = &pruner else {
+                        return one(j);
+                    };
+                    let i = idx[j];
+                    let (t, _) =
+                        m.sample_pruned(fast, pruner, &rank_factor, comm[j], sample_seed(seed, i))?;
+                    bar.inc(1);
+                    Ok((i, t))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            out.extend(rest);
+            Ok(out)
+        })
+        .collect::<Result<Vec<_>>>()
+        .context("simulation failed")?;
+    let mut steps = vec![0.0; samples as usize];
+    for (i, t) in by_cluster.into_iter().flatten() {
+        steps[i as usize] = t;
+    }
+    Ok(steps)
 }
 
 /// The random seed of step-model sample `i`.
@@ -337,6 +425,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         args.samples as u64,
         clusters,
         args.per_rank,
+        !args.no_prune,
         &base_opts,
         &bar,
     )?;

@@ -249,3 +249,42 @@ kernel_jitter = { gemm = { dist = "normal", mean = 1.0, std = 0.02 } }
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Replica pruning (the default) gives the same prediction as evaluating every replica of
+/// every sample (`--no-prune`): clusters of 20 samples, two pilots each.
+#[test]
+fn pruning_changes_no_number() {
+    let job = data("pruning.toml");
+    let args = |prune: bool| {
+        let mut a = vec![
+            "predict".to_string(),
+            job.clone(),
+            "--tokens".into(),
+            "1e10".into(),
+            "--samples".into(),
+            "60".into(),
+            "--clusters".into(),
+            "3".into(),
+            "--runs".into(),
+            "100".into(),
+            "--json".into(),
+        ];
+        if !prune {
+            a.push("--no-prune".into());
+        }
+        a
+    };
+    let run = |prune: bool| {
+        let a = args(prune);
+        prism(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (pruned, full) = (run(true), run(false));
+    assert_eq!(pruned, full);
+    let s = &pruned["step_time_s"];
+    assert!(s["max"].as_f64().unwrap() > s["min"].as_f64().unwrap());
+    assert!(
+        pruned["step_method"].as_str().unwrap().contains("max-plus"),
+        "{}",
+        pruned["step_method"]
+    );
+}

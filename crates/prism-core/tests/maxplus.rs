@@ -505,3 +505,88 @@ fn draws_per_sample_follow_the_program() {
         assert_eq!(t.lane, 2 * sj.lane, "twice the replicas");
     }
 }
+
+/// Replica pruning changes nothing: with persistent speeds (a few slow GPUs) and normal jitter,
+/// every sample of a cluster whose communication regime lies between the two pilots' equals
+/// the full fast sample to the bit, while most replicas are never evaluated; a regime outside
+/// the pilots' range evaluates every replica.
+#[test]
+fn pruned_samples_equal_full_samples() {
+    let job = small_job(16, 4, 2, 64);
+    let n = job.num_gpus() as usize;
+    let dp = job.parallel.dp as usize;
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+    let mut rng = prism_core::stats::stream_rng(3, &[0]);
+    let rank_factor: Vec<f64> = (0..n)
+        .map(|_| {
+            let f = Dist::Normal {
+                mean: 1.0,
+                std: 0.04,
+            }
+            .sample(&mut rng);
+            if rng.random::<f64>() < 0.02 {
+                f * 1.1
+            } else {
+                f
+            }
+        })
+        .collect();
+    let jitter = vec![
+        (
+            Some(OpClass::Gemm),
+            Dist::Normal {
+                mean: 1.0,
+                std: 0.04,
+            },
+        ),
+        (
+            Some(OpClass::Attention),
+            Dist::Normal {
+                mean: 1.0,
+                std: 0.15,
+            },
+        ),
+    ];
+    let p = Perturbation {
+        rank_factor: rank_factor.clone(),
+        jitter,
+        ..Perturbation::default()
+    };
+    let fs = m.fast_stats(&p).unwrap();
+    let seed = |i: u64| prism_core::stats::stream_rng(11, &[i]).random::<u64>();
+    let (c0, c1) = (0.9, 1.25);
+    let (s0, p0) = m.sample_pilot(&fs, &rank_factor, c0, seed(0)).unwrap();
+    let (s1, p1) = m.sample_pilot(&fs, &rank_factor, c1, seed(1)).unwrap();
+    assert_eq!(s0, m.sample_fast(&fs, &rank_factor, c0, seed(0)).unwrap());
+    assert_eq!(s1, m.sample_fast(&fs, &rank_factor, c1, seed(1)).unwrap());
+    let pruner = prism_core::maxplus::Pruner::new(&m, &fs, &rank_factor, p1, Some(p0)).unwrap();
+    let mut evaluated = 0;
+    let samples = 60;
+    for i in 2..2 + samples {
+        let c = c0 + (c1 - c0) * ((i * 37) % 61) as f64 / 60.0;
+        let full = m.sample_fast(&fs, &rank_factor, c, seed(i)).unwrap();
+        let (pruned, k) = m
+            .sample_pruned(&fs, &pruner, &rank_factor, c, seed(i))
+            .unwrap();
+        assert_eq!(pruned.to_bits(), full.to_bits(), "sample {i} (c {c})");
+        evaluated += k;
+    }
+    println!(
+        "{dp} replicas: {evaluated} of {} replica evaluations",
+        samples as usize * dp
+    );
+    assert!(
+        evaluated * 4 < samples as usize * dp,
+        "{evaluated} evaluated"
+    );
+    // Outside the pilots' regimes: every replica.
+    let (t, k) = m
+        .sample_pruned(&fs, &pruner, &rank_factor, 1.3, seed(99))
+        .unwrap();
+    assert_eq!(k, dp);
+    assert_eq!(t, m.sample_fast(&fs, &rank_factor, 1.3, seed(99)).unwrap());
+    // Without per-GPU factors the replicas are alike: every replica.
+    let (t, k) = m.sample_pruned(&fs, &pruner, &[], 1.0, seed(98)).unwrap();
+    assert_eq!(k, dp);
+    assert_eq!(t, m.sample_fast(&fs, &[], 1.0, seed(98)).unwrap());
+}
