@@ -590,3 +590,93 @@ fn pruned_samples_equal_full_samples() {
     assert_eq!(k, dp);
     assert_eq!(t, m.sample_fast(&fs, &[], 1.0, seed(98)).unwrap());
 }
+
+/// Acceptance (issue 4): with i.i.d. normal jitter on a job small enough for a closed form, the
+/// predicted p50 and p95 match it within the Monte Carlo error. One GPU: the iteration is one
+/// chain of kernels, so its time is normal with mean `T` (the deterministic time; the factors
+/// have mean 1) and variance `sigma^2 sum d_k^2` over the jittered (GEMM) kernels, whose
+/// nominal durations `d_k` come from the engine's recorded timeline.
+#[test]
+fn iid_normal_jitter_matches_the_closed_form() {
+    let mut job = small_job(1, 1, 1, 8);
+    job.cluster.gpus_per_node = 1;
+    job.parallel.dp = 1;
+    let sigma = 0.05;
+    let run = simulate(
+        &job,
+        &SimOptions {
+            mode: Mode::Full,
+            record_ranks: vec![0],
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    let prog = &run.graph.programs[0];
+    let tl = &run.timelines[0];
+    let mut var = 0.0;
+    let mut busy = 0.0;
+    for r in &tl.ops {
+        let d = (r.end - r.start) as f64 * 1e-12;
+        busy += d;
+        if let prism_core::graph::OpKind::Compute(c) = prog.kind[r.op as usize]
+            && c.class == OpClass::Gemm
+        {
+            var += (sigma * d).powi(2);
+        }
+    }
+    let t = run.summary.iteration_time_s;
+    // One chain: the ops fill the iteration without gaps or overlap.
+    assert!((busy - t).abs() < 1e-9 * t, "busy {busy} vs {t}");
+    let sd = var.sqrt();
+    let (p50, p95) = (t, t + 1.6448536269514722 * sd);
+    let m = StepModel::new(&job, &SimOptions::default()).unwrap();
+    let jitter = vec![(
+        Some(OpClass::Gemm),
+        Dist::Normal {
+            mean: 1.0,
+            std: sigma,
+        },
+    )];
+    let p = Perturbation {
+        jitter,
+        ..Perturbation::default()
+    };
+    let fs = m.fast_stats(&p).unwrap();
+    let n = 4000;
+    let mut x: Vec<f64> = (0..n)
+        .map(|i| m.sample_fast(&fs, &[], 1.0, i).unwrap())
+        .collect();
+    x.sort_by(f64::total_cmp);
+    let s = prism_core::stats::summarize(&x);
+    // Standard errors of sample quantiles of a normal: sqrt(p (1 - p) / n) / phi(z_p) sd.
+    let se50 = 1.2533 * sd / (n as f64).sqrt();
+    let se95 = 2.1131 * sd / (n as f64).sqrt();
+    println!(
+        "closed form p50 {p50:.6} p95 {p95:.6} (sd {sd:.3e}); predicted p50 {:.6} p95 {:.6}; \
+         errors {:.2} and {:.2} standard errors",
+        s.p50,
+        s.p95,
+        (s.p50 - p50) / se50,
+        (s.p95 - p95) / se95
+    );
+    assert!(sd > 1e-3 * t, "the jitter must matter: sd {sd}");
+    assert!((s.p50 - p50).abs() < 4.0 * se50, "p50 {} vs {p50}", s.p50);
+    assert!((s.p95 - p95).abs() < 4.0 * se95, "p95 {} vs {p95}", s.p95);
+    // The per-rank engine (the per-kernel draws) agrees too.
+    let mut e: Vec<f64> = (0..400)
+        .map(|seed| engine(&job, Mode::Full, Some(Perturbation { seed, ..p.clone() })))
+        .collect();
+    e.sort_by(f64::total_cmp);
+    let se = prism_core::stats::summarize(&e);
+    let k = 4.0 / (400f64).sqrt();
+    assert!(
+        (se.p50 - p50).abs() < k * 1.2533 * sd,
+        "engine p50 {}",
+        se.p50
+    );
+    assert!(
+        (se.p95 - p95).abs() < k * 2.1131 * sd,
+        "engine p95 {}",
+        se.p95
+    );
+}
