@@ -312,14 +312,24 @@ fn step_model_samples(
             let idx: Vec<u64> = (k..samples).step_by(clusters as usize).collect();
             let rank_factor = draw_in(job, v, seed, k, clusters).rank_factor;
             let comm: Vec<f64> = idx.iter().map(|&i| comm_factor(v, seed, i)).collect();
-            let one = |j: usize| -> Result<(u64, f64)> {
-                let i = idx[j];
-                let t = m.sample_fast(fast, &rank_factor, comm[j], sample_seed(seed, i))?;
+            // Sample j of the cluster, pruned when there is a pruner.
+            let one = |j: usize, pruner: Option<&Pruner>| -> Result<(u64, f64)> {
+                let (i, c) = (idx[j], comm[j]);
+                let t = match pruner {
+                    Some(p) => {
+                        m.sample_pruned(fast, p, &rank_factor, c, sample_seed(seed, i))?
+                            .0
+                    }
+                    None => m.sample_fast(fast, &rank_factor, c, sample_seed(seed, i))?,
+                };
                 bar.inc(1);
                 Ok((i, t))
             };
             if !prune || rank_factor.is_empty() || idx.len() < 3 {
-                return (0..idx.len()).into_par_iter().map(one).collect();
+                return (0..idx.len())
+                    .into_par_iter()
+                    .map(|j| one(j, None))
+                    .collect();
             }
             // The pilots: the lowest and the highest regime (the first on ties).
             let by = |better: fn(f64, f64) -> bool| {
@@ -345,16 +355,7 @@ fn step_model_samples(
             let rest = (0..idx.len())
                 .into_par_iter()
                 .filter(|&j| j != lo && j != hi)
-                .map(|j| -> Result<(u64, f64)> {
-                    let Some(pruner) = &pruner else {
-                        return one(j);
-                    };
-                    let i = idx[j];
-                    let (t, _) =
-                        m.sample_pruned(fast, pruner, &rank_factor, comm[j], sample_seed(seed, i))?;
-                    bar.inc(1);
-                    Ok((i, t))
-                })
+                .map(|j| one(j, pruner.as_ref()))
                 .collect::<Result<Vec<_>>>()?;
             out.extend(rest);
             Ok(out)

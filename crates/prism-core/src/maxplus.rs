@@ -929,23 +929,14 @@ impl StepModel {
                     },
                 };
             }
+            // Replica 0's boundary values: the first `slots x lanes` of each stage's store.
             let mut work = Work::new(self, &t);
             let mut draw = Draw::Nominal;
             let scale = Scale::new(1.0, &draw);
-            self.replica(&t, 0, &mut draw, scale, &mut work);
-            (self.stages.iter().enumerate())
-                .map(|(s, st)| {
-                    let mut out = vec![0.0; st.slots as usize * l];
-                    for &op in &st.boundary_ops {
-                        let v = t.val[s][op as usize].expect("boundary op evaluated");
-                        for lane in 0..l {
-                            out[st.slot[op as usize] as usize * l + lane] =
-                                work.vals[v.at as usize + if v.lanes { lane } else { 0 }];
-                        }
-                    }
-                    out
-                })
-                .collect()
+            let mut store = self.new_store();
+            let mut last = Latest::default();
+            self.replica_to_store(&t, 0, &mut draw, scale, &mut work, &mut store, &mut last);
+            store
         };
         let var = weigh(&|_, sd| sd * sd);
         let mean = weigh(&|m, sd| m + sd);
@@ -998,13 +989,12 @@ impl StepModel {
     ///
     /// The pruner's pilots bound every replica's boundary values from above (see [`Pruner`]).
     /// The replicas with the highest bound of some value are evaluated first, then every
-    /// replica whose
-    /// bound exceeds the largest evaluated value at some boundary value, until none does. The
-    /// skipped replicas' boundary values are then certified irrelevant: the tail (monotone in
-    /// them, with its own draws) is evaluated twice, with each skipped value at its upper
-    /// bound and at 0; equal ends mean the true values, in between, give that end too. If the
-    /// ends differ, the skipped replicas are evaluated after all. Without per-GPU speeds, or
-    /// with a regime outside the pilots', every replica is evaluated.
+    /// replica whose bound exceeds the largest evaluated value at some boundary value, until
+    /// none does. The skipped replicas' boundary values are then certified irrelevant: the
+    /// tail (monotone in them, with its own draws) is evaluated twice, with each skipped value
+    /// at its upper bound and at 0; equal ends mean the true values, in between, give that end
+    /// too. If the ends differ, the skipped replicas are evaluated after all. Without per-GPU
+    /// speeds, or with a regime outside the pilots', every replica is evaluated.
     pub fn sample_pruned(
         &self,
         fast: &FastStats,
