@@ -5,9 +5,10 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use prism_core::engine::{Mode, Perturbation, SimOptions};
+use prism_core::engine::{Mode, SimOptions};
 use prism_core::ops::OpClass;
-use prism_core::variability::Dist;
+use prism_predict::perturbation::Perturbation;
+use prism_predict::variability::Dist;
 
 use crate::BenchArgs;
 
@@ -110,7 +111,7 @@ fn scenarios() -> Vec<Scenario> {
 /// and N(1, 0.02) jitter on GEMMs and attention (seeded, so every run times the same work).
 fn step_perturbation(gpus: usize, speeds: bool, jitter: bool) -> Perturbation {
     use rand::RngExt;
-    let mut rng = prism_core::stats::stream_rng(7, &[1]);
+    let mut rng = prism_predict::stats::stream_rng(7, &[1]);
     let normal = Dist::Normal {
         mean: 1.0,
         std: 0.03,
@@ -205,7 +206,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
             &Run::Step { speeds, jitter } => {
                 let p = step_perturbation(job.num_gpus() as usize, speeds, jitter);
-                let m = prism_core::maxplus::StepModel::new(&job, &SimOptions::default())
+                let m = prism_predict::step_model::StepModel::new(&job, &SimOptions::default())
                     .with_context(|| format!("scenario {}", sc.name))?;
                 let fast = m
                     .fast_stats(&p)
@@ -221,13 +222,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             }
             Run::Pruned => {
                 let p = step_perturbation(job.num_gpus() as usize, true, true);
-                let m = prism_core::maxplus::StepModel::new(&job, &SimOptions::default())
+                let m = prism_predict::step_model::StepModel::new(&job, &SimOptions::default())
                     .with_context(|| format!("scenario {}", sc.name))?;
                 let fast = m.fast_stats(&p)?;
                 let rf = &p.rank_factor;
                 let (_, a) = m.sample_pilot(&fast, rf, 0.9, u64::MAX)?;
                 let (_, b) = m.sample_pilot(&fast, rf, 1.1, u64::MAX - 1)?;
-                let pruner = prism_core::maxplus::Pruner::new(&m, &fast, rf, a, Some(b))
+                let pruner = prism_predict::step_model::Pruner::new(&m, &fast, rf, a, Some(b))
                     .context("pruning does not apply")?;
                 let mut evaluated = Vec::new();
                 for i in 0..repeat as u64 {
@@ -242,7 +243,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             Run::NormalDraws => {
                 for i in 0..repeat as u64 {
                     let t0 = Instant::now();
-                    iteration = prism_core::maxplus::normal_draws(NORMAL_DRAWS, i);
+                    iteration = prism_predict::step_model::normal_draws(NORMAL_DRAWS, i);
                     times.push(t0.elapsed().as_secs_f64());
                 }
             }

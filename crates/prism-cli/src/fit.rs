@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use prism_core::stats::{self, Fit};
-use prism_core::variability::Dist;
+use prism_predict::stats::{self, Fit};
+use prism_predict::variability::Dist;
 
 /// Arguments of `prism fit`.
 #[derive(Debug, clap::Args)]

@@ -57,82 +57,28 @@ pub struct SimOptions {
     pub record_ranks: Vec<u32>,
     /// Communication costs nothing (for checks against schedule formulas).
     pub ideal_network: bool,
-    /// Random variation of this iteration (one Monte Carlo sample); needs `Mode::Full`.
-    pub perturbation: Option<Perturbation>,
+    /// Random variation of this iteration (one Monte Carlo sample); an asymmetric one needs
+    /// `Mode::Full`.
+    pub perturbation: Option<std::sync::Arc<dyn Perturb>>,
 }
 
-/// The random state of one simulated iteration: which GPUs are slow, how each kernel deviates,
-/// how congested the network is. Every draw is a pure function of `seed`, the rank and the op
-/// (a counter-based hash), so a sample does not depend on event order or threads.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Perturbation {
-    /// Time factor of every kernel of a rank (persistent speed, fail-slow), by rank; empty
-    /// means 1 everywhere.
-    pub rank_factor: Vec<f64>,
-    /// Per-kernel time factor by op class (`None` = every class).
-    pub jitter: Vec<(Option<OpClass>, crate::variability::Dist)>,
-    /// Per-kernel time factor of the kernels with this op name (a compute op of the execution
-    /// graph, e.g. `fc1_fwd`), on top of its class's. All the entries that apply to a kernel
-    /// are drawn at one shared uniform.
-    pub op_jitter: Vec<(String, crate::variability::Dist)>,
-    /// Time factor of every collective and send of this iteration (one shared draw: correlated
-    /// congestion); each collective's duration is shared by all its participants.
-    pub comm_factor: f64,
-    /// Seed of the per-kernel draws.
-    pub seed: u64,
-}
-
-impl Default for Perturbation {
-    fn default() -> Self {
-        Perturbation {
-            rank_factor: Vec::new(),
-            jitter: Vec::new(),
-            op_jitter: Vec::new(),
-            comm_factor: 1.0,
-            seed: 0,
-        }
-    }
-}
-
-/// SplitMix64 finaliser: a well-mixed 64-bit hash of `x`.
-fn mix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-impl Perturbation {
-    /// True when the perturbation treats every rank alike (one factor for all ranks, no
-    /// per-kernel draws): the ranks of a stage stay identical and reduced or sliced runs stay
-    /// exact. A communication regime is shared by every collective, so it keeps symmetry.
-    pub fn is_symmetric(&self) -> bool {
-        self.jitter.is_empty()
-            && self.op_jitter.is_empty()
-            && self.rank_factor.windows(2).all(|w| w[0] == w[1])
-    }
-
-    /// Uniform draw in (0, 1) for (rank, program op, occurrence).
-    fn uniform(&self, rank: u32, op: u32) -> f64 {
-        let h = mix64(self.seed ^ mix64(((rank as u64) << 32) | op as u64));
-        ((h >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-
-    /// Time factor of kernel `op` (of `class`, named `name`) on `rank`.
-    pub(crate) fn kernel_factor(&self, rank: u32, op: u32, class: OpClass, name: &str) -> f64 {
-        let mut f = self.rank_factor.get(rank as usize).copied().unwrap_or(1.0);
-        for (c, d) in &self.jitter {
-            if c.is_none_or(|c| c == class) {
-                f *= d.quantile(self.uniform(rank, op));
-            }
-        }
-        for (n, d) in &self.op_jitter {
-            if n == name {
-                f *= d.quantile(self.uniform(rank, op));
-            }
-        }
-        f
-    }
+/// The random state of one perturbed iteration (one Monte Carlo sample), as the engine sees it:
+/// a time factor for every compute kernel and one for all communication. The engine calls it and
+/// never draws anything itself; `prism-predict` implements it from a job's `[variability]`.
+///
+/// Contract: `kernel_factor` is a pure function of its arguments (the same rank and op give the
+/// same factor however often and in whatever order it is asked), so a sample does not depend on
+/// event order or threads; factors are positive and finite.
+pub trait Perturb: std::fmt::Debug + Send + Sync {
+    /// Time factor of compute op `op` (its index in the rank's program; of `class`, named
+    /// `name`) on `rank`.
+    fn kernel_factor(&self, rank: u32, op: u32, class: OpClass, name: &str) -> f64;
+    /// Time factor of every collective and send of this iteration (correlated congestion);
+    /// each collective's duration is shared by all its participants.
+    fn comm_factor(&self) -> f64;
+    /// True when every rank of a stage gets the same factors, so reduced and sliced runs stay
+    /// exact.
+    fn is_symmetric(&self) -> bool;
 }
 
 /// One executed op of a recorded rank.
@@ -367,11 +313,11 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
         ));
     }
     if let Some(p) = &opts.perturbation
-        && !(p.comm_factor.is_finite() && p.comm_factor > 0.0)
+        && !(p.comm_factor().is_finite() && p.comm_factor() > 0.0)
     {
         return Err(SimError::InvalidOption(format!(
             "perturbation.comm_factor must be a positive finite number (got {})",
-            p.comm_factor
+            p.comm_factor()
         )));
     }
     let mut sim = Sim::new(job, &graph, &compute, opts, fabric, reps, full);
@@ -1200,9 +1146,9 @@ impl<'a> Sim<'a> {
     /// times as long (NIC bytes scaled, so contention still shares the slower transfer).
     fn congested(&self, mut plan: CommPlan) -> CommPlan {
         if let Some(p) = &self.opts.perturbation
-            && p.comm_factor != 1.0
+            && p.comm_factor() != 1.0
         {
-            let f = p.comm_factor;
+            let f = p.comm_factor();
             plan.latency_ps = (plan.latency_ps as f64 * f).round() as SimTime;
             plan.nvlink_ps = (plan.nvlink_ps as f64 * f).round() as SimTime;
             plan.nic_bytes =

@@ -27,21 +27,16 @@
 //! ```
 //!
 
-pub mod attribution;
 pub mod cost;
 pub mod engine;
 pub mod flops;
 pub mod graph;
 pub mod job;
 pub mod layout;
-pub mod maxplus;
 pub mod memory;
 pub mod network;
 pub mod ops;
-pub mod reliability;
 pub mod report;
-pub mod stats;
 pub mod units;
-pub mod variability;
 
 pub use engine::{Mode, SimOptions, SimResult, simulate};

@@ -24,7 +24,7 @@ use prism_core::job::{
     Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
     Recompute, Schedule, Topology, Training,
 };
-use prism_core::variability::{
+use prism_predict::variability::{
     CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
 };
 use toml::de::{DeTable, DeValue};

@@ -45,8 +45,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::csv_line::{quote, rows};
-use prism_core::stats::Fit;
-use prism_core::variability::Dist;
+use prism_predict::stats::Fit;
+use prism_predict::variability::Dist;
 
 /// Why a samples file or distribution table could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -328,7 +328,7 @@ pub fn parse_dist_table(text: &str, origin: &str) -> Result<BTreeMap<String, Dis
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prism_core::stats::fit_best;
+    use prism_predict::stats::fit_best;
 
     fn data(name: &str) -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -361,7 +361,7 @@ mod tests {
             assert_eq!(all.len(), 3);
             assert!(best.ks < crit, "{k}: {best:?}");
         }
-        let fit = prism_core::stats::fit_gamma(&s["all_reduce_256MiB"]).unwrap();
+        let fit = prism_predict::stats::fit_gamma(&s["all_reduce_256MiB"]).unwrap();
         let Dist::Gamma { shape, scale } = fit.dist else {
             unreachable!()
         };

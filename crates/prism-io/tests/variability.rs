@@ -1,13 +1,13 @@
 //! Tests of the job file's `[variability]` section: every key parsed into
-//! `prism_core::variability::Variability` (plus `variability_seed` and `dist_table` of
+//! `prism_predict::variability::Variability` (plus `variability_seed` and `dist_table` of
 //! `LoadedJob`), `--set` overrides, and bad input (each error names the dotted key and the rule).
 
 use std::path::PathBuf;
 
-use prism_core::variability::{
+use prism_io::jobfile::{JobFileError, LoadedJob, default_job, load_job_file, load_job_str};
+use prism_predict::variability::{
     CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
 };
-use prism_io::jobfile::{JobFileError, LoadedJob, default_job, load_job_file, load_job_str};
 
 /// A small valid job: Llama 3 8B on 4 DGX H100 nodes (8 GPUs per node).
 const SMALL: &str = r#"

@@ -1,14 +1,14 @@
-//! Tests of `prism_core::reliability` against closed forms: the no-failure total, the expected
+//! Tests of `prism_predict::reliability` against closed forms: the no-failure total, the expected
 //! loss per failure, the Llama 3 interruption count, Young's optimum interval, the fail-slow
 //! stretch. All runs are seeded (deterministic); tolerances are several standard errors wide.
 
-use prism_core::reliability::{
+use prism_predict::reliability::{
     MttfScaling, RateError, RunModel, RunOutcome, clt_block, daly_interval_s,
     effective_training_ratio, exact_block, expected_interruptions, expected_slow_fraction,
     failures_per_node_day_from_mttf, first_order_ettr, job_mtbf_s, rate_per_gpu_hour_from_mttf,
     rate_per_gpu_hour_from_node_days, simulate_run, young_interval_s,
 };
-use prism_core::variability::{Dist, FailSlow, Failures};
+use prism_predict::variability::{Dist, FailSlow, Failures};
 use rand::SeedableRng;
 use rand_distr::{Distribution, LogNormal};
 use rand_xoshiro::Xoshiro256PlusPlus;

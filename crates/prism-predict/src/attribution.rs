@@ -46,10 +46,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::engine::{OpRecord, SimResult};
-use crate::graph::{OpKind, Program, Stream};
-use crate::layout::GroupKind;
-use crate::units::SimTime;
+use prism_core::engine::{OpRecord, SimResult};
+use prism_core::graph::{OpKind, Program, Stream};
+use prism_core::layout::GroupKind;
+use prism_core::units::SimTime;
 
 /// Where the critical path of one iteration went. Every list is sorted by time, largest first
 /// (ties by key), and holds only non-zero entries.
@@ -183,7 +183,7 @@ impl<'a> Index<'a> {
         for delta in [1i8, -1] {
             // The sender is `delta` stages before `rank` (wrapping, as the engine does).
             let pp = ((c.pp + l.pp) as i64 - delta as i64) as u32 % l.pp;
-            let peer = l.rank(crate::layout::Coord { pp, ..c });
+            let peer = l.rank(prism_core::layout::Coord { pp, ..c });
             if let Some(&op) = self.sends.get(&(pp as usize, delta, slot)) {
                 return Some((peer, op));
             }

@@ -1,11 +1,12 @@
 //! The max-plus step model against the per-rank engine.
 
-use prism_core::engine::{Mode, Perturbation, SimOptions, simulate};
+use prism_core::engine::{Mode, SimOptions, simulate};
 use prism_core::job::Job;
 use prism_core::job::fixtures::{llama3_405b_job, small_job};
-use prism_core::maxplus::StepModel;
 use prism_core::ops::OpClass;
-use prism_core::variability::Dist;
+use prism_predict::perturbation::Perturbation;
+use prism_predict::step_model::StepModel;
+use prism_predict::variability::Dist;
 use rand::RngExt;
 
 fn engine(job: &Job, mode: Mode, p: Option<Perturbation>) -> f64 {
@@ -13,7 +14,7 @@ fn engine(job: &Job, mode: Mode, p: Option<Perturbation>) -> f64 {
         job,
         &SimOptions {
             mode,
-            perturbation: p,
+            perturbation: p.map(|p| std::sync::Arc::new(p) as _),
             ..SimOptions::default()
         },
     )
@@ -291,7 +292,7 @@ fn law_case(
                     &fast_stats,
                     &rank_factor,
                     1.0,
-                    prism_core::stats::stream_rng(99, &[s]).random::<u64>(),
+                    prism_predict::stats::stream_rng(99, &[s]).random::<u64>(),
                 )
                 .unwrap()
             })
@@ -334,7 +335,7 @@ fn fast_sampler_with_speeds_only_is_deterministic_and_exact() {
             &fs,
             &rank_factor,
             1.0,
-            prism_core::stats::stream_rng(1, &[1]).random::<u64>(),
+            prism_predict::stats::stream_rng(1, &[1]).random::<u64>(),
         )
         .unwrap();
     let b = m
@@ -342,7 +343,7 @@ fn fast_sampler_with_speeds_only_is_deterministic_and_exact() {
             &fs,
             &rank_factor,
             1.0,
-            prism_core::stats::stream_rng(2, &[2]).random::<u64>(),
+            prism_predict::stats::stream_rng(2, &[2]).random::<u64>(),
         )
         .unwrap();
     assert_eq!(a, b, "no randomness without jitter");
@@ -377,7 +378,7 @@ fn unsupported_inputs_are_errors() {
             &fs,
             &[1.0; 3],
             1.0,
-            prism_core::stats::stream_rng(0, &[0]).random::<u64>()
+            prism_predict::stats::stream_rng(0, &[0]).random::<u64>()
         )
         .is_err()
     );
@@ -386,7 +387,7 @@ fn unsupported_inputs_are_errors() {
             &fs,
             &[],
             f64::NAN,
-            prism_core::stats::stream_rng(0, &[0]).random::<u64>()
+            prism_predict::stats::stream_rng(0, &[0]).random::<u64>()
         )
         .is_err()
     );
@@ -516,7 +517,7 @@ fn pruned_samples_equal_full_samples() {
     let n = job.num_gpus() as usize;
     let dp = job.parallel.dp as usize;
     let m = StepModel::new(&job, &SimOptions::default()).unwrap();
-    let mut rng = prism_core::stats::stream_rng(3, &[0]);
+    let mut rng = prism_predict::stats::stream_rng(3, &[0]);
     let rank_factor: Vec<f64> = (0..n)
         .map(|_| {
             let f = Dist::Normal {
@@ -553,13 +554,14 @@ fn pruned_samples_equal_full_samples() {
         ..Perturbation::default()
     };
     let fs = m.fast_stats(&p).unwrap();
-    let seed = |i: u64| prism_core::stats::stream_rng(11, &[i]).random::<u64>();
+    let seed = |i: u64| prism_predict::stats::stream_rng(11, &[i]).random::<u64>();
     let (c0, c1) = (0.9, 1.25);
     let (s0, p0) = m.sample_pilot(&fs, &rank_factor, c0, seed(0)).unwrap();
     let (s1, p1) = m.sample_pilot(&fs, &rank_factor, c1, seed(1)).unwrap();
     assert_eq!(s0, m.sample_fast(&fs, &rank_factor, c0, seed(0)).unwrap());
     assert_eq!(s1, m.sample_fast(&fs, &rank_factor, c1, seed(1)).unwrap());
-    let pruner = prism_core::maxplus::Pruner::new(&m, &fs, &rank_factor, p1, Some(p0)).unwrap();
+    let pruner =
+        prism_predict::step_model::Pruner::new(&m, &fs, &rank_factor, p1, Some(p0)).unwrap();
     let mut evaluated = 0;
     let samples = 60;
     for i in 2..2 + samples {
@@ -647,7 +649,7 @@ fn iid_normal_jitter_matches_the_closed_form() {
         .map(|i| m.sample_fast(&fs, &[], 1.0, i).unwrap())
         .collect();
     x.sort_by(f64::total_cmp);
-    let s = prism_core::stats::summarize(&x);
+    let s = prism_predict::stats::summarize(&x);
     // Standard errors of sample quantiles of a normal: sqrt(p (1 - p) / n) / phi(z_p) sd.
     let se50 = 1.2533 * sd / (n as f64).sqrt();
     let se95 = 2.1131 * sd / (n as f64).sqrt();
@@ -667,7 +669,7 @@ fn iid_normal_jitter_matches_the_closed_form() {
         .map(|seed| engine(&job, Mode::Full, Some(Perturbation { seed, ..p.clone() })))
         .collect();
     e.sort_by(f64::total_cmp);
-    let se = prism_core::stats::summarize(&e);
+    let se = prism_predict::stats::summarize(&e);
     let k = 4.0 / (400f64).sqrt();
     assert!(
         (se.p50 - p50).abs() < k * 1.2533 * sd,

@@ -1,16 +1,17 @@
 //! Perturbed (Monte Carlo) iterations against independent truth.
 
-use prism_core::engine::{Mode, Perturbation, SimOptions, simulate};
+use prism_core::engine::{Mode, SimOptions, simulate};
 use prism_core::job::fixtures::small_job;
 use prism_core::ops::OpClass;
-use prism_core::variability::Dist;
+use prism_predict::perturbation::Perturbation;
+use prism_predict::variability::Dist;
 
 fn run(job: &prism_core::job::Job, p: Option<Perturbation>) -> prism_core::engine::SimResult {
     simulate(
         job,
         &SimOptions {
             mode: Mode::Full,
-            perturbation: p,
+            perturbation: p.map(|p| std::sync::Arc::new(p) as _),
             ..SimOptions::default()
         },
     )
@@ -128,7 +129,7 @@ fn jitter_is_seeded_and_needs_the_full_mode() {
         &job,
         &SimOptions {
             mode: Mode::Reduced,
-            perturbation: Some(p(1)),
+            perturbation: Some(std::sync::Arc::new(p(1))),
             ..SimOptions::default()
         },
     );
@@ -157,7 +158,7 @@ fn symmetric_perturbation_allows_the_reduced_mode() {
             &job,
             &SimOptions {
                 mode: Mode::Reduced,
-                perturbation: Some(p),
+                perturbation: Some(std::sync::Arc::new(p)),
                 ..SimOptions::default()
             },
         )

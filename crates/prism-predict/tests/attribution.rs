@@ -1,11 +1,11 @@
-//! Critical-path attribution (`prism_core::attribution`) against independent truth: the
+//! Critical-path attribution (`prism_predict::attribution`) against independent truth: the
 //! engine's own iteration time, a deliberately slowed rank, and per-rank kernel totals the engine
 //! accumulates on its own.
 
-use prism_core::attribution::critical_path;
-use prism_core::engine::Perturbation;
 use prism_core::job::fixtures::small_job;
 use prism_core::{Mode, SimOptions, simulate};
+use prism_predict::attribution::critical_path;
+use prism_predict::perturbation::Perturbation;
 
 fn all_ranks(n: u64) -> Vec<u32> {
     (0..n as u32).collect()
@@ -68,10 +68,10 @@ fn a_slowed_rank_tops_the_ranks() {
             &SimOptions {
                 mode: Mode::Full,
                 record_ranks: all_ranks(job.num_gpus()),
-                perturbation: Some(Perturbation {
+                perturbation: Some(std::sync::Arc::new(Perturbation {
                     rank_factor,
                     ..Default::default()
-                }),
+                })),
                 ..Default::default()
             },
         )

@@ -1,15 +1,15 @@
-//! `prism_core::stats` against independent truth: closed-form CDFs and means, parameters of
+//! `prism_predict::stats` against independent truth: closed-form CDFs and means, parameters of
 //! synthetic samples drawn with `rand_distr` directly, the binomial coverage of the quantile
 //! bound and the DKW band measured over seeded repetitions.
 //!
 //! Every random number comes from a fixed seed, so these tests are deterministic. Run with
 //! `--nocapture` to see the measured errors and coverages.
 
-use prism_core::stats::{
+use prism_predict::stats::{
     Fit, dkw_epsilon, fit_best, fit_gamma, fit_lognormal, fit_normal, guarantee, ks_statistic,
     quantile_lower_bound, quantile_sorted, quantile_upper_bound, stream_rng, summarize,
 };
-use prism_core::variability::Dist;
+use prism_predict::variability::Dist;
 use rand::{Rng, RngExt};
 use rand_distr::Distribution;
 use statrs::function::gamma::digamma;
@@ -157,7 +157,7 @@ fn normal_is_clamped_at_its_floor_consistently() {
         mean: 1.0,
         std: 1.0,
     };
-    let floor = prism_core::stats::NORMAL_FLOOR_FRACTION;
+    let floor = prism_predict::stats::NORMAL_FLOOR_FRACTION;
     assert_eq!(d.cdf(floor * 0.999), 0.0);
     assert!((d.cdf(floor) - 0.158_897_345_641_318_3).abs() < 1e-6); // Phi(-0.999)
     assert_eq!(d.quantile(0.1), floor);

@@ -1,0 +1,601 @@
+//! `prism predict` as a library call: training time as a distribution, with a probabilistic
+//! guarantee.
+//!
+//! 1. Step time: `samples` Monte Carlo iterations, each with its own draws (per-GPU speed,
+//!    per-kernel jitter, one communication regime per iteration), played by the max-plus step
+//!    model where the job allows it, else by the engine ([`sample_steps`]). A job whose
+//!    iterations cannot differ is simulated once.
+//! 2. Whole run: `runs` end-to-end samples; each run draws its steps from the step-time
+//!    samples and adds fail-slow episodes, failures (lost work since the last checkpoint plus
+//!    restart) and checkpoint writes ([`crate::reliability`]).
+//! 3. The guarantee: the smallest `t` with `P(T <= t) >= q` holding at the given confidence, a
+//!    distribution-free order-statistic bound on the q-quantile ([`crate::stats::guarantee`]).
+
+use prism_core::engine::{Mode, SimError, SimOptions};
+use prism_core::job::Job;
+use prism_core::ops::OpClass;
+use rand::RngExt;
+
+use crate::perturbation::Perturbation;
+use crate::reliability::{self, RunModel};
+use crate::stats;
+use crate::step_model::{FastStats, Pruner, StepModel};
+use crate::variability::{Dist, Variability};
+use crate::{Error, Progress};
+
+/// What `prism predict` is asked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PredictOptions {
+    /// Tokens to train on.
+    pub tokens: f64,
+    /// Monte Carlo step-time samples.
+    pub samples: u64,
+    /// Clusters the step samples are spread over (each draws its GPUs' persistent speeds once).
+    pub clusters: u64,
+    /// End-to-end run samples drawn from the step-time samples.
+    pub runs: u64,
+    /// Probability `q` of the guarantee "P(T <= t) >= q".
+    pub quantile: f64,
+    /// Confidence of the guarantee's bound.
+    pub confidence: f64,
+    /// Seed of every draw.
+    pub seed: u64,
+    /// Every rank of every sample in the engine instead of the step model.
+    pub per_rank: bool,
+    /// Replica pruning in the step model (exact; off only for timing and checking it).
+    pub prune: bool,
+}
+
+impl PredictOptions {
+    /// The default cluster count for `samples` samples: one cluster per 20 samples.
+    pub fn default_clusters(samples: u64) -> u64 {
+        (samples / 20).max(1)
+    }
+}
+
+/// What `prism predict` answers.
+#[derive(Clone, Debug)]
+pub struct Prediction {
+    /// Iterations of the whole run.
+    pub iterations: u64,
+    /// Clusters the step samples were spread over.
+    pub clusters: u64,
+    /// How the step samples were made.
+    pub method: String,
+    /// Step times in sample order.
+    pub step_samples: Vec<f64>,
+    /// Step times, ascending.
+    pub steps: Vec<f64>,
+    /// Summary of the step times.
+    pub step: stats::Summary5,
+    /// Training times of the end-to-end runs, seconds, ascending.
+    pub totals: Vec<f64>,
+    /// Summary of the training times.
+    pub total: stats::Summary5,
+    /// Mean interruptions per run.
+    pub interruptions: f64,
+    /// Mean effective training time ratio.
+    pub effective_ratio: f64,
+    /// The guarantee on the training time, seconds (none: too few runs).
+    pub guarantee_s: Option<f64>,
+    /// The guarantee on the step time, seconds.
+    pub step_guarantee_s: Option<f64>,
+    /// What the p95 step is made of.
+    pub p95: P95Attribution,
+}
+
+/// Checks `opts` and predicts: step samples, whole runs, the guarantees and the p95 critical
+/// path. `progress` is called once per step sample.
+pub fn predict(
+    job: &Job,
+    v: &Variability,
+    opts: &PredictOptions,
+    base_opts: &SimOptions,
+    progress: &Progress<'_>,
+) -> Result<Prediction, Error> {
+    use rayon::prelude::*;
+    let (seed, clusters) = (opts.seed, opts.clusters.clamp(1, opts.samples.max(1)));
+    let (step_samples, method, step_model) = sample_steps(
+        job,
+        v,
+        seed,
+        opts.samples,
+        clusters,
+        opts.per_rank,
+        opts.prune,
+        base_opts,
+        progress,
+    )?;
+    let mut steps = step_samples.clone();
+    steps.sort_by(f64::total_cmp);
+    let step = stats::summarize(&steps);
+    let p95 = p95_attribution(
+        job,
+        v,
+        seed,
+        clusters,
+        &step_samples,
+        step.p95,
+        base_opts,
+        step_model.as_ref(),
+    )?;
+    // Whole runs.
+    let iterations = (opts.tokens / job.tokens_per_iteration() as f64).ceil() as u64;
+    // A run is played out in blocks of `block` iterations, each the exact sum of `block`
+    // draws from the step-time samples (iterations rounded up to a whole number of blocks).
+    let block = iterations.div_ceil(4096).max(1);
+    let model = RunModel {
+        steps: iterations.div_ceil(block),
+        gpus: job.num_gpus(),
+        failures: v.failures.clone(),
+        fail_slow: v.fail_slow.clone(),
+    };
+    // Step samples by cluster (sample i ran on cluster i mod clusters).
+    let by_cluster: Vec<Vec<f64>> = (0..clusters)
+        .map(|c| {
+            step_samples
+                .iter()
+                .skip(c as usize)
+                .step_by(clusters as usize)
+                .copied()
+                .collect()
+        })
+        .collect();
+    let outcomes: Vec<reliability::RunOutcome> = (0..opts.runs)
+        .into_par_iter()
+        .map(|r| {
+            let mut rng = stats::stream_rng(seed, &[3, r]);
+            let own = &by_cluster[(r % clusters) as usize];
+            let one =
+                |rng: &mut rand_xoshiro::Xoshiro256PlusPlus| own[rng.random_range(0..own.len())];
+            let mut sampler = reliability::exact_block(one, block);
+            reliability::simulate_run(&mut sampler, &model, &mut rng)
+        })
+        .collect();
+    let mut totals: Vec<f64> = outcomes.iter().map(|o| o.total_s).collect();
+    totals.sort_by(f64::total_cmp);
+    let total = stats::summarize(&totals);
+    let interruptions =
+        outcomes.iter().map(|o| o.interruptions as f64).sum::<f64>() / outcomes.len() as f64;
+    let effective_ratio = outcomes
+        .iter()
+        .map(reliability::effective_training_ratio)
+        .sum::<f64>()
+        / outcomes.len() as f64;
+    let guarantee_s = stats::guarantee(&totals, opts.quantile, opts.confidence);
+    let step_guarantee_s = stats::guarantee(&steps, opts.quantile, opts.confidence);
+    Ok(Prediction {
+        iterations,
+        clusters,
+        method,
+        step_samples,
+        steps,
+        step,
+        totals,
+        total,
+        interruptions,
+        effective_ratio,
+        guarantee_s,
+        step_guarantee_s,
+        p95,
+    })
+}
+
+/// Applies a `prism fit` distribution table (`[variability.distributions] table`): a row named
+/// after an op class (or `all`) becomes that class's kernel jitter, a row named after a kernel
+/// of the job (e.g. `fc1_fwd`) that kernel's jitter on top of its class's, a row named `comm`
+/// the communication regime; each duration distribution is divided by its mean, giving a time
+/// factor of mean 1 around the cost model's nominal time.
+pub fn with_fit_table(
+    job: &Job,
+    mut v: Variability,
+    table: &std::collections::BTreeMap<String, Dist>,
+    origin: &str,
+) -> Result<Variability, Error> {
+    use crate::variability::{CommRegime, KernelJitter, OpJitter};
+    let mut kernels = None;
+    for (sig, d) in table {
+        let mean = d.mean();
+        if !(mean.is_finite() && mean > 0.0) {
+            return Err(Error::Invalid(format!(
+                "{origin}: signature `{sig}`: the distribution's mean must be positive (got {mean})"
+            )));
+        }
+        let factor = d.scaled(1.0 / mean);
+        if sig == "comm" {
+            v.comm_regime = Some(CommRegime { factor });
+        } else if sig == "all" || OpClass::from_name(sig).is_some() {
+            v.kernel_jitter.retain(|j| j.class != *sig);
+            v.kernel_jitter.push(KernelJitter {
+                class: sig.clone(),
+                factor,
+            });
+        } else {
+            let names = kernels.get_or_insert_with(|| {
+                prism_core::graph::ExecutionGraph::build(job).kernel_names()
+            });
+            if !names.contains(sig.as_str()) {
+                return Err(Error::Invalid(format!(
+                    "{origin}: signature `{sig}` is neither an op class (gemm, attention, norm, \
+                     softmax, elementwise, embedding, loss, router, optimizer, framework, all), \
+                     nor `comm`, nor the name of a kernel of this job ({})",
+                    names.iter().copied().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            v.op_jitter.retain(|j| j.op != *sig);
+            v.op_jitter.push(OpJitter {
+                op: sig.clone(),
+                factor,
+            });
+        }
+    }
+    Ok(v)
+}
+
+/// Draws the perturbation of sample `i` on cluster `i % clusters`: the persistent per-GPU
+/// speeds belong to the cluster (the same GPUs for every step of a run); kernel jitter and the
+/// communication regime are fresh for every iteration.
+pub fn draw_in(job: &Job, v: &Variability, seed: u64, i: u64, clusters: u64) -> Perturbation {
+    let n = job.num_gpus() as usize;
+    let mut rng = stats::stream_rng(seed, &[1, i % clusters.max(1)]);
+    let rank_factor = match &v.gpu_speed {
+        Some(g) => (0..n)
+            .map(|_| {
+                let f = g.factor.sample(&mut rng).max(1e-3);
+                if rng.random::<f64>() < g.outlier_fraction {
+                    f * g.outlier_slowdown
+                } else {
+                    f
+                }
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let jitter = v
+        .kernel_jitter
+        .iter()
+        .filter_map(|j| {
+            let class = if j.class == "all" {
+                None
+            } else {
+                Some(OpClass::from_name(&j.class)?)
+            };
+            Some((class, j.factor.clone()))
+        })
+        .collect();
+    let op_jitter = (v.op_jitter.iter())
+        .map(|j| (j.op.clone(), j.factor.clone()))
+        .collect();
+    Perturbation {
+        rank_factor,
+        jitter,
+        op_jitter,
+        comm_factor: comm_factor(v, seed, i),
+        seed: stats::stream_rng(seed, &[2, i]).random::<u64>(),
+    }
+}
+
+/// The communication regime of sample `i`.
+fn comm_factor(v: &Variability, seed: u64, i: u64) -> f64 {
+    let mut rng = stats::stream_rng(seed, &[4, i]);
+    (v.comm_regime.as_ref()).map_or(1.0, |c| c.factor.sample(&mut rng).max(1e-3))
+}
+
+/// The compiled step model and its fast statistics, when [`sample_steps`] used them.
+pub type FastModel = (StepModel, FastStats);
+
+/// Monte Carlo step times of `samples` iterations (sample `i` on cluster `i % clusters`), with
+/// the max-plus step model when the job and the jitter allow it (unless `per_rank`), otherwise
+/// with the per-rank engine; `bar` advances once per sample. Returns the samples in index
+/// order, a description of the method used, and the step model it used (if any).
+#[allow(clippy::too_many_arguments)]
+pub fn sample_steps(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    samples: u64,
+    clusters: u64,
+    per_rank: bool,
+    prune: bool,
+    base_opts: &SimOptions,
+    progress: &Progress<'_>,
+) -> Result<(Vec<f64>, String, Option<FastModel>), Error> {
+    use rayon::prelude::*;
+    // The max-plus step model (frozen communication durations, exact order-statistic draws)
+    // when the job and the jitter allow it; otherwise every rank runs in the engine.
+    let probe = draw_in(job, v, seed, 0, clusters);
+    // Why the step model was not used, when it was not.
+    let mut why_not: Option<String> = None;
+    let step_model = if per_rank {
+        why_not = Some("--per-rank".into());
+        None
+    } else if probe.is_symmetric() {
+        None
+    } else {
+        match StepModel::new(job, base_opts).and_then(|m| m.fast_stats(&probe).map(|f| (m, f))) {
+            Ok(model) => Some(model),
+            Err(e) => {
+                why_not = Some(e.to_string());
+                None
+            }
+        }
+    };
+    let method = match (&step_model, probe.is_symmetric()) {
+        (_, true) => "ranks stay symmetric: one representative per stage, exact".to_string(),
+        (Some(_), false) => {
+            "max-plus step model: every GPU, frozen communication durations".to_string()
+        }
+        (None, false) => format!(
+            "every rank simulated by the engine ({})",
+            why_not.as_deref().unwrap_or("step model unavailable")
+        ),
+    };
+    if let Some((m, fast)) = &step_model {
+        let steps = step_model_samples(job, v, seed, samples, clusters, prune, m, fast, progress)?;
+        return Ok((steps, method, step_model));
+    }
+    let steps: Vec<f64> = (0..samples)
+        .into_par_iter()
+        .map(|i| {
+            // Exact shortcut: a perturbation that treats every rank alike (a shared network
+            // regime only) keeps the ranks symmetric, so one representative per stage suffices.
+            let p = draw_in(job, v, seed, i, clusters);
+            let mode = if p.is_symmetric() {
+                Mode::Reduced
+            } else {
+                Mode::Full
+            };
+            let opts = SimOptions {
+                mode,
+                ..p.options(base_opts)
+            };
+            let r = match prism_core::simulate(job, &opts) {
+                Err(prism_core::engine::SimError::Asymmetric(_)) => prism_core::simulate(
+                    job,
+                    &SimOptions {
+                        mode: Mode::Full,
+                        ..opts
+                    },
+                ),
+                other => other,
+            }
+            .map(|r| r.summary.iteration_time_s);
+            progress(1);
+            r
+        })
+        .collect::<Result<Vec<f64>, _>>()
+        .map_err(|e| Error::sim("simulation failed", e))?;
+    Ok((steps, method, step_model))
+}
+
+/// Step-model samples, cluster by cluster. With per-GPU speeds and at least three samples in
+/// a cluster (and `prune`), the cluster's samples with the lowest and the highest
+/// communication regime are evaluated in full as pilots, and the others skip the replicas the
+/// pilots prove irrelevant ([`StepModel::sample_pruned`]): the same
+/// samples, faster.
+#[allow(clippy::too_many_arguments)]
+fn step_model_samples(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    samples: u64,
+    clusters: u64,
+    prune: bool,
+    m: &StepModel,
+    fast: &FastStats,
+    progress: &Progress<'_>,
+) -> Result<Vec<f64>, Error> {
+    use rayon::prelude::*;
+    let clusters = clusters.clamp(1, samples.max(1));
+    let by_cluster = (0..clusters)
+        .into_par_iter()
+        .map(|k| -> Result<Vec<(u64, f64)>, SimError> {
+            let idx: Vec<u64> = (k..samples).step_by(clusters as usize).collect();
+            let rank_factor = draw_in(job, v, seed, k, clusters).rank_factor;
+            let comm: Vec<f64> = idx.iter().map(|&i| comm_factor(v, seed, i)).collect();
+            // Sample j of the cluster, pruned when there is a pruner.
+            let one = |j: usize, pruner: Option<&Pruner>| -> Result<(u64, f64), SimError> {
+                let (i, c) = (idx[j], comm[j]);
+                let t = match pruner {
+                    Some(p) => {
+                        m.sample_pruned(fast, p, &rank_factor, c, sample_seed(seed, i))?
+                            .0
+                    }
+                    None => m.sample_fast(fast, &rank_factor, c, sample_seed(seed, i))?,
+                };
+                progress(1);
+                Ok((i, t))
+            };
+            if !prune || rank_factor.is_empty() || idx.len() < 3 {
+                return (0..idx.len())
+                    .into_par_iter()
+                    .map(|j| one(j, None))
+                    .collect();
+            }
+            // The pilots: the lowest and the highest regime (the first on ties).
+            let by = |better: fn(f64, f64) -> bool| {
+                (0..comm.len()).fold(0, |b, j| if better(comm[j], comm[b]) { j } else { b })
+            };
+            let (lo, hi) = (by(|a, b| a < b), by(|a, b| a > b));
+            let pilot = |j: usize| {
+                let r = m.sample_pilot(fast, &rank_factor, comm[j], sample_seed(seed, idx[j]));
+                progress(1);
+                r
+            };
+            let (a, b) = rayon::join(|| pilot(lo), || (hi != lo).then(|| pilot(hi)));
+            let (ta, pa) = a?;
+            let mut out = vec![(idx[lo], ta)];
+            let pb = match b.transpose()? {
+                Some((tb, pb)) => {
+                    out.push((idx[hi], tb));
+                    Some(pb)
+                }
+                None => None,
+            };
+            let pruner = Pruner::new(m, fast, &rank_factor, pa, pb);
+            let rest = (0..idx.len())
+                .into_par_iter()
+                .filter(|&j| j != lo && j != hi)
+                .map(|j| one(j, pruner.as_ref()))
+                .collect::<Result<Vec<_>, _>>()?;
+            out.extend(rest);
+            Ok(out)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::sim("simulation failed", e))?;
+    let mut steps = vec![0.0; samples as usize];
+    for (i, t) in by_cluster.into_iter().flatten() {
+        steps[i as usize] = t;
+    }
+    Ok(steps)
+}
+
+/// The random seed of step-model sample `i`.
+fn sample_seed(seed: u64, i: u64) -> u64 {
+    stats::stream_rng(seed, &[5, i]).random::<u64>()
+}
+
+/// Entries printed and put in the JSON.
+pub const TOP_CONTRIBUTORS: usize = 10;
+
+/// The critical-path attribution of the Monte Carlo sample at the p95 step time.
+#[derive(Clone, Debug)]
+pub struct P95Attribution {
+    /// Sample index and its step time.
+    pub sample: u64,
+    pub step_s: f64,
+    /// How the path was found.
+    pub method: &'static str,
+    /// True when every rank is a candidate of the path (else one DP replica per stage).
+    pub all_ranks: bool,
+    /// Ops and collectives: (name, class, seconds), largest first.
+    pub ops: Vec<(String, String, f64)>,
+    /// Ranks and tensor-parallel groups: (name, kind, seconds), largest first.
+    pub who: Vec<(String, String, f64)>,
+    pub path_s: f64,
+    pub wait_s: f64,
+}
+
+/// Attributes the sample whose step time is the smallest at or above `p95` (the first such
+/// sample on ties). With the step model: the model's own critical path of that sample (the same
+/// draws, every GPU). Otherwise the sample is re-simulated by the engine with the same
+/// perturbation, recording every rank for jobs of up to 4096 GPUs; larger jobs record the ranks
+/// of the first data-parallel replica of every stage (all its tp x cp ranks), so the path is
+/// followed across stages and tensor/context groups but waits on a straggler outside that
+/// replica are charged to the collective it delays.
+#[allow(clippy::too_many_arguments)]
+pub fn p95_attribution(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    clusters: u64,
+    samples: &[f64],
+    p95: f64,
+    base_opts: &SimOptions,
+    step_model: Option<&FastModel>,
+) -> Result<P95Attribution, Error> {
+    let (i, &step_s) = samples
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| **t >= p95)
+        .min_by(|a, b| a.1.total_cmp(b.1).then(a.0.cmp(&b.0)))
+        .or_else(|| samples.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)))
+        .ok_or_else(|| Error::Invalid("no step-time samples".into()))?;
+    let p = draw_in(job, v, seed, i as u64, clusters);
+    let top_ops = |by_op: &[(String, f64)],
+                   class_of: &std::collections::BTreeMap<String, String>| {
+        by_op
+            .iter()
+            .take(TOP_CONTRIBUTORS)
+            .map(|(name, t)| {
+                let class = class_of.get(name).cloned().unwrap_or_default();
+                (name.clone(), class, *t)
+            })
+            .collect()
+    };
+    if let Some((m, fast)) = step_model {
+        let a = m
+            .attribute_fast(
+                fast,
+                &p.rank_factor,
+                p.comm_factor,
+                sample_seed(seed, i as u64),
+            )
+            .map_err(|e| Error::sim("p95 critical path failed", e))?;
+        let mut who: Vec<(String, String, f64)> = a
+            .by_rank
+            .iter()
+            .map(|(r, t)| (format!("rank {r}"), "rank".to_string(), *t))
+            .chain(
+                a.by_tp_group
+                    .iter()
+                    .map(|(r, t)| (format!("tp group of rank {r}"), "tp_group".to_string(), *t)),
+            )
+            .collect();
+        who.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        who.truncate(TOP_CONTRIBUTORS);
+        return Ok(P95Attribution {
+            sample: i as u64,
+            step_s,
+            method: "step-model critical path, every GPU",
+            all_ranks: true,
+            ops: top_ops(&a.by_op, &a.class_of),
+            who,
+            path_s: a.path_s,
+            wait_s: 0.0,
+        });
+    }
+    let n = job.num_gpus() as u32;
+    let all_ranks = n <= 4096;
+    let record_ranks: Vec<u32> = if all_ranks {
+        (0..n).collect()
+    } else {
+        let l = prism_core::layout::Layout::new(job);
+        (0..l.pp)
+            .flat_map(|pp| {
+                (0..l.cp).flat_map(move |cp| {
+                    (0..l.tp).map(move |tp| l.rank(prism_core::layout::Coord { tp, cp, dp: 0, pp }))
+                })
+            })
+            .collect()
+    };
+    let opts = SimOptions {
+        mode: Mode::Full,
+        record_ranks,
+        ..p.options(base_opts)
+    };
+    let r =
+        prism_core::simulate(job, &opts).map_err(|e| Error::sim("p95 re-simulation failed", e))?;
+    let attr = crate::attribution::critical_path(&r);
+    Ok(P95Attribution {
+        sample: i as u64,
+        step_s,
+        method: "engine re-simulation",
+        all_ranks,
+        ops: top_ops(&attr.by_op, &attr.class_of),
+        who: attr
+            .by_rank
+            .iter()
+            .take(TOP_CONTRIBUTORS)
+            .map(|(r, t)| (format!("rank {r}"), "rank".to_string(), *t))
+            .collect(),
+        path_s: attr.path_s,
+        wait_s: attr.wait_s,
+    })
+}
+
+impl P95Attribution {
+    /// The top ops and collectives (kind: their class), then the top ranks (kind "rank") and
+    /// tensor-parallel groups (kind "tp_group").
+    pub fn top(&self) -> Vec<(String, String, f64)> {
+        self.ops.iter().chain(&self.who).cloned().collect()
+    }
+
+    pub fn share(&self, t: f64) -> f64 {
+        if self.path_s > 0.0 {
+            t / self.path_s
+        } else {
+            0.0
+        }
+    }
+}
