@@ -19,15 +19,28 @@
 //!   adds its per-kernel launch overhead.
 //!
 //! Fields may be quoted with `"` (a doubled `""` inside is a literal quote); quoted fields do
-//! not span lines. Blank lines and lines starting with `#` are skipped. A key may appear only
-//! once. Every error names the file, the 1-based line and the rule broken.
+//! not span lines, and blanks around a field are not part of it. Blank lines and lines starting
+//! with `#` are skipped. A key may appear only once. The `csv` crate reads and writes the fields
+//! (see `csv_text` for the quoting rules checked before it). Every error names the file, the
+//! 1-based line and the rule broken.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::csv_line::{quote, rows};
+use csv::StringRecord;
+use serde::Deserialize;
+
+use crate::csv_text::{TableWriter, rows};
 use prism_core::cost::compute::KernelTable;
+
+/// One data row, as written (the time still in the header's unit).
+#[derive(Deserialize)]
+struct KernelRow<'a> {
+    op: &'a str,
+    shape: &'a str,
+    dtype: &'a str,
+    time: &'a str,
+}
 
 /// Why a kernel table could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -74,22 +87,29 @@ pub fn parse_kernel_table(text: &str, origin: &str) -> Result<KernelTable, Kerne
     let mut seen: BTreeMap<(String, String, String), usize> = BTreeMap::new();
     let mut divisor: Option<f64> = None;
 
-    for (line, fields) in rows(text) {
-        let fields = fields.map_err(|rule| err(line, rule))?;
-        if fields.len() != 4 {
+    for (line, record) in rows(text) {
+        let record = record.map_err(|rule| err(line, rule))?;
+        if record.len() != 4 {
             return Err(err(
                 line,
                 format!(
                     "expected 4 fields (op, shape, dtype, time), found {}",
-                    fields.len()
+                    record.len()
                 ),
             ));
         }
         let Some(per_second) = divisor else {
-            divisor = Some(parse_header(&fields).map_err(|rule| err(line, rule))?);
+            divisor = Some(parse_header(&record).map_err(|rule| err(line, rule))?);
             continue;
         };
-        let (op, shape, dtype, time) = (&fields[0], &fields[1], &fields[2], &fields[3]);
+        let KernelRow {
+            op,
+            shape,
+            dtype,
+            time,
+        } = record
+            .deserialize(None)
+            .map_err(|e| err(line, format!("row: {e}")))?;
         if op.is_empty() {
             return Err(err(line, "op must not be empty".into()));
         }
@@ -117,7 +137,7 @@ pub fn parse_kernel_table(text: &str, origin: &str) -> Result<KernelTable, Kerne
                 format!("time must be a positive finite number (got {time})"),
             ));
         }
-        let key = (op.clone(), shape.clone(), dtype.clone());
+        let key = (op.to_owned(), shape.to_owned(), dtype.to_owned());
         if let Some(first) = seen.get(&key) {
             return Err(err(
                 line,
@@ -143,35 +163,29 @@ pub fn parse_kernel_table(text: &str, origin: &str) -> Result<KernelTable, Kerne
 /// Writes a table as CSV (header `op,shape,dtype,seconds`), in key order; the inverse of
 /// [`parse_kernel_table`].
 pub fn write_kernel_table(table: &KernelTable) -> String {
-    let mut out = String::from("op,shape,dtype,seconds\n");
+    let mut out = TableWriter::new();
+    out.record(&["op", "shape", "dtype", "seconds"]);
     for (op, shape, dtype, seconds) in table.iter() {
         // `{:?}` on f64 prints the shortest representation that reads back exactly.
-        let _ = writeln!(
-            out,
-            "{},{},{},{:?}",
-            quote(op),
-            quote(shape),
-            quote(dtype),
-            seconds
-        );
+        out.record(&[op, shape, dtype, &format!("{seconds:?}")]);
     }
-    out
+    out.finish()
 }
 
-/// Checks the header and returns how many of its time unit make one second.
-fn parse_header(fields: &[String]) -> Result<f64, String> {
+/// Checks the header (four fields) and returns how many of its time unit make one second.
+fn parse_header(fields: &StringRecord) -> Result<f64, String> {
     let names = ["op", "shape", "dtype"];
     for (i, want) in names.iter().enumerate() {
-        if fields[i] != *want {
+        if fields[i] != **want {
             return Err(format!(
                 "header column {} must be {want:?} (got {:?}); the header is \
                  \"op,shape,dtype,<seconds|s|ms|us>\"",
                 i + 1,
-                fields[i]
+                &fields[i]
             ));
         }
     }
-    match fields[3].as_str() {
+    match &fields[3] {
         "seconds" | "s" => Ok(1.0),
         "ms" => Ok(1e3),
         "us" => Ok(1e6),
@@ -278,6 +292,40 @@ mod tests {
     }
 
     #[test]
+    fn tricky_valid_file_reads_the_same_values() {
+        let text = "\u{feff}# measured on H100\r\n\
+                    \r\n\
+                    \x20op , shape ,dtype,\"us\"\r\n\
+                    \x20  # indented comment\r\n\
+                    \x20\t\r\n\
+                    \x20\"fc1, \"\"fwd\"\"\" \t, 8x16x32,bf16 , 2310.5\r\n\
+                    \"#3 gemm\",\"1B\", \"fp8\" ,1e3\r\n\
+                    \" padded \",b1h2q3k4d5c,bf16,\"0.5\"";
+        let t = parse_kernel_table(text, "t.csv").unwrap();
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.get("fc1, \"fwd\"", "8x16x32", "bf16"), Some(2310.5e-6));
+        assert_eq!(t.get("#3 gemm", "1B", "fp8"), Some(1e-3));
+        assert_eq!(t.get(" padded ", "b1h2q3k4d5c", "bf16"), Some(0.5e-6));
+    }
+
+    #[test]
+    fn written_text() {
+        let mut t = KernelTable::new();
+        t.insert("fc1_fwd", "8x16x32", "bf16", 2.3105e-3);
+        t.insert("#3", "1B", "fp8", 1e-6);
+        t.insert("a,b", "1B", "bf16", 0.5);
+        t.insert(" pad", "1B", "bf16", 2.0);
+        assert_eq!(
+            write_kernel_table(&t),
+            "op,shape,dtype,seconds\n\
+             \" pad\",\"1B\",\"bf16\",\"2.0\"\n\
+             \"#3\",1B,fp8,1e-6\n\
+             \"a,b\",1B,bf16,0.5\n\
+             fc1_fwd,8x16x32,bf16,0.0023105\n"
+        );
+    }
+
+    #[test]
     fn row_rules() {
         let h = "op,shape,dtype,us\n";
         let cases = [
@@ -310,6 +358,27 @@ mod tests {
                 "after the closing quote",
             ),
             (format!("{h}a\"b,1x2x3,bf16,1\n"), 2, "stray quote"),
+            (
+                format!("{h}a,1x2x3,bf16,1\n\n\"b\" x,1B,bf16,1\n"),
+                4,
+                "unexpected 'x' after the closing quote of field 1",
+            ),
+            (
+                format!("{h}a,1x2x3,bf16,\"1"),
+                2,
+                "unterminated quoted field 4",
+            ),
+            (
+                format!("{h}\"a\nb\",1x2x3,bf16,1\n"),
+                2,
+                "unterminated quoted field 1",
+            ),
+            // The first error of the file wins, whatever its kind.
+            (
+                format!("{h}a,1x2x3,fp16,1\na\"b,1B,bf16,1\n"),
+                2,
+                "dtype must be",
+            ),
             (
                 format!("{h}a,1x2x3,bf16,1\nb,1B,bf16,1\na,1x2x3,bf16,2\n"),
                 4,

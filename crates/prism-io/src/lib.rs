@@ -5,7 +5,7 @@
 //! Chrome/Perfetto trace. It converts between those formats and `prism-core` values; the core
 //! never sees a file.
 
-mod csv_line;
+mod csv_text;
 mod files;
 pub mod hf;
 pub mod jobfile;

@@ -37,16 +37,38 @@
 //! and may be left empty. Parameters are validated with [`Dist::validate`].
 //!
 //! Both formats: UTF-8, fields may be quoted with `"` (a doubled `""` inside is a literal quote;
-//! quoted fields do not span lines), blank lines and lines starting with `#` are skipped. Every
-//! error names the file, the 1-based line and the rule broken.
+//! quoted fields do not span lines; blanks around a field are not part of it), blank lines and
+//! lines starting with `#` are skipped. The `csv` crate reads and writes the fields (see
+//! `csv_text` for the quoting rules checked before it). Every error names the file, the 1-based
+//! line and the rule broken.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::csv_line::{quote, rows};
+use csv::StringRecord;
+use serde::Deserialize;
+
+use crate::csv_text::{TableWriter, rows};
 use prism_predict::stats::Fit;
 use prism_predict::variability::Dist;
+
+/// One row of a samples file, as written (the duration still in the header's unit).
+#[derive(Deserialize)]
+struct SampleRow<'a> {
+    signature: &'a str,
+    duration: &'a str,
+}
+
+/// One row of a distribution table, as written.
+#[derive(Deserialize)]
+struct DistRow<'a> {
+    signature: &'a str,
+    family: &'a str,
+    p1: &'a str,
+    p2: &'a str,
+    ks: &'a str,
+    n: &'a str,
+}
 
 /// Why a samples file or distribution table could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -96,22 +118,27 @@ pub fn parse_samples(text: &str, origin: &str) -> Result<BTreeMap<String, Vec<f6
     };
     let mut out: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut per_second: Option<f64> = None;
-    for (line, fields) in rows(text) {
-        let fields = fields.map_err(|rule| err(line, rule))?;
-        if fields.len() != 2 {
+    for (line, record) in rows(text) {
+        let record = record.map_err(|rule| err(line, rule))?;
+        if record.len() != 2 {
             return Err(err(
                 line,
                 format!(
                     "expected 2 fields (signature, duration), found {}",
-                    fields.len()
+                    record.len()
                 ),
             ));
         }
         let Some(divisor) = per_second else {
-            per_second = Some(samples_header(&fields).map_err(|rule| err(line, rule))?);
+            per_second = Some(samples_header(&record).map_err(|rule| err(line, rule))?);
             continue;
         };
-        let (signature, value) = (&fields[0], &fields[1]);
+        let SampleRow {
+            signature,
+            duration: value,
+        } = record
+            .deserialize(None)
+            .map_err(|e| err(line, format!("row: {e}")))?;
         if signature.is_empty() {
             return Err(err(line, "signature must not be empty".into()));
         }
@@ -124,7 +151,9 @@ pub fn parse_samples(text: &str, origin: &str) -> Result<BTreeMap<String, Vec<f6
                 format!("duration must be a positive finite number (got {value})"),
             ));
         }
-        out.entry(signature.clone()).or_default().push(v / divisor);
+        out.entry(signature.to_owned())
+            .or_default()
+            .push(v / divisor);
     }
     let last = text.lines().count().max(1);
     if per_second.is_none() {
@@ -142,16 +171,16 @@ pub fn parse_samples(text: &str, origin: &str) -> Result<BTreeMap<String, Vec<f6
     Ok(out)
 }
 
-/// Checks the samples header and returns how many of its unit make one second.
-fn samples_header(fields: &[String]) -> Result<f64, String> {
-    if fields[0] != "signature" {
+/// Checks the samples header (two fields) and returns how many of its unit make one second.
+fn samples_header(fields: &StringRecord) -> Result<f64, String> {
+    if &fields[0] != "signature" {
         return Err(format!(
             "header column 1 must be \"signature\" (got {:?}); the header is \
              \"signature,duration_<s|ms|us>\"",
-            fields[0]
+            &fields[0]
         ));
     }
-    match fields[1].as_str() {
+    match &fields[1] {
         "duration_s" => Ok(1.0),
         "duration_ms" => Ok(1e3),
         "duration_us" => Ok(1e6),
@@ -170,8 +199,8 @@ const TABLE_HEADER: [&str; 6] = ["signature", "family", "p1", "p2", "ks", "n"];
 /// form that reads back exactly. An empirical distribution has no row in this format: it is
 /// written as a `#` comment line naming the signature.
 pub fn write_dist_table(rows: &[(String, Fit)]) -> String {
-    let mut out = TABLE_HEADER.join(",");
-    out.push('\n');
+    let mut out = TableWriter::new();
+    out.record(&TABLE_HEADER);
     for (signature, fit) in rows {
         let (p1, p2) = match &fit.dist {
             Dist::Normal { mean, std } => (*mean, Some(*std)),
@@ -180,27 +209,23 @@ pub fn write_dist_table(rows: &[(String, Fit)]) -> String {
             Dist::Exponential { mean } => (*mean, None),
             Dist::Constant(c) => (*c, None),
             Dist::Empirical(v) => {
-                let _ = writeln!(
-                    out,
-                    "# {}: empirical distribution of {} values is not representable here",
-                    signature.replace(['\n', '\r'], " "),
+                out.comment(&format!(
+                    "{signature}: empirical distribution of {} values is not representable here",
                     v.len()
-                );
+                ));
                 continue;
             }
         };
-        let _ = writeln!(
-            out,
-            "{},{},{:?},{},{:?},{}",
-            quote(signature),
+        out.record(&[
+            signature,
             fit.dist.family(),
-            p1,
-            p2.map(|v| format!("{v:?}")).unwrap_or_default(),
-            fit.ks,
-            fit.n
-        );
+            &format!("{p1:?}"),
+            &p2.map(|v| format!("{v:?}")).unwrap_or_default(),
+            &format!("{:?}", fit.ks),
+            &fit.n.to_string(),
+        ]);
     }
-    out
+    out.finish()
 }
 
 /// Reads a distribution-table file (see [`parse_dist_table`]).
@@ -220,54 +245,55 @@ pub fn parse_dist_table(text: &str, origin: &str) -> Result<BTreeMap<String, Dis
     let mut out = BTreeMap::new();
     let mut first_line: BTreeMap<String, usize> = BTreeMap::new();
     let mut header = false;
-    for (line, fields) in rows(text) {
-        let fields = fields.map_err(|rule| err(line, rule))?;
-        if fields.len() != TABLE_HEADER.len() {
+    for (line, record) in rows(text) {
+        let record = record.map_err(|rule| err(line, rule))?;
+        if record.len() != TABLE_HEADER.len() {
             return Err(err(
                 line,
                 format!(
                     "expected 6 fields (signature, family, p1, p2, ks, n), found {}",
-                    fields.len()
+                    record.len()
                 ),
             ));
         }
         if !header {
-            if fields.iter().map(String::as_str).ne(TABLE_HEADER) {
+            if record.iter().ne(TABLE_HEADER) {
                 return Err(err(
                     line,
                     format!(
                         "the header must be \"signature,family,p1,p2,ks,n\" (got {:?})",
-                        fields.join(",")
+                        record.iter().collect::<Vec<_>>().join(",")
                     ),
                 ));
             }
             header = true;
             continue;
         }
-        let signature = &fields[0];
+        let row: DistRow<'_> = record
+            .deserialize(None)
+            .map_err(|e| err(line, format!("row: {e}")))?;
+        let (signature, family) = (row.signature, row.family);
         if signature.is_empty() {
             return Err(err(line, "signature must not be empty".into()));
         }
-        let number = |i: usize, what: &str| -> Result<f64, SamplesError> {
-            let f = &fields[i];
+        let number = |f: &str, what: &str| -> Result<f64, SamplesError> {
             f.parse::<f64>()
                 .map_err(|_| err(line, format!("{what} {f:?} is not a number")))
         };
-        let family = fields[1].as_str();
         let two = |a: &str, b: &str| -> Result<(f64, f64), SamplesError> {
             Ok((
-                number(2, &format!("p1 ({a})"))?,
-                number(3, &format!("p2 ({b})"))?,
+                number(row.p1, &format!("p1 ({a})"))?,
+                number(row.p2, &format!("p2 ({b})"))?,
             ))
         };
         let one = |a: &str| -> Result<f64, SamplesError> {
-            if !fields[3].is_empty() {
+            if !row.p2.is_empty() {
                 return Err(err(
                     line,
-                    format!("p2 must be empty for family {family} (got {:?})", fields[3]),
+                    format!("p2 must be empty for family {family} (got {:?})", row.p2),
                 ));
             }
-            number(2, &format!("p1 ({a})"))
+            number(row.p1, &format!("p1 ({a})"))
         };
         let dist = match family {
             "normal" => {
@@ -295,16 +321,16 @@ pub fn parse_dist_table(text: &str, origin: &str) -> Result<BTreeMap<String, Dis
             }
         };
         dist.validate().map_err(|rule| err(line, rule))?;
-        if !fields[4].is_empty() {
-            let ks = number(4, "ks")?;
+        if !row.ks.is_empty() {
+            let ks = number(row.ks, "ks")?;
             if !(0.0..=1.0).contains(&ks) {
                 return Err(err(line, format!("ks must be in [0, 1] (got {ks})")));
             }
         }
-        if !fields[5].is_empty() && fields[5].parse::<u64>().is_err() {
+        if !row.n.is_empty() && row.n.parse::<u64>().is_err() {
             return Err(err(
                 line,
-                format!("n must be a whole number (got {:?})", fields[5]),
+                format!("n must be a whole number (got {:?})", row.n),
             ));
         }
         if let Some(first) = first_line.get(signature) {
@@ -313,8 +339,8 @@ pub fn parse_dist_table(text: &str, origin: &str) -> Result<BTreeMap<String, Dis
                 format!("duplicate signature {signature:?}; first given on line {first}"),
             ));
         }
-        first_line.insert(signature.clone(), line);
-        out.insert(signature.clone(), dist);
+        first_line.insert(signature.to_owned(), line);
+        out.insert(signature.to_owned(), dist);
     }
     if !header {
         return Err(err(
@@ -425,6 +451,18 @@ mod tests {
                 "signature,duration_s\n\"k,1\n",
                 "x.csv:2: unterminated quoted field 1",
             ),
+            (
+                "signature,duration_s\nk,1\n# c\n\"k\"x,1\n",
+                "x.csv:4: unexpected 'x' after the closing quote of field 1",
+            ),
+            (
+                "signature,duration_s\nk\"1,1\n",
+                "x.csv:2: stray quote in unquoted field 1",
+            ),
+            (
+                "signature,duration_s\nk,\"1",
+                "x.csv:2: unterminated quoted field 2",
+            ),
         ];
         for (text, want) in cases {
             let e = parse_samples(text, "x.csv").unwrap_err().to_string();
@@ -478,6 +516,25 @@ mod tests {
     }
 
     #[test]
+    fn tricky_valid_dist_table() {
+        let text = "\u{feff}signature, family ,p1,p2,ks,n\r\n\
+                    \r\n\
+                    \x20 # gemm: empirical distribution of 3 values\r\n\
+                    \x20\"a, \"\"b\"\"\"\t,\"gamma\", 2 ,0.5, , \r\n\
+                    \" c \",constant,1e-3,\"\",\"0.25\",\"7\"";
+        let t = parse_dist_table(text, "t.csv").unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            t["a, \"b\""],
+            Dist::Gamma {
+                shape: 2.0,
+                scale: 0.5
+            }
+        );
+        assert_eq!(t[" c "], Dist::Constant(1e-3));
+    }
+
+    #[test]
     fn dist_table_errors_name_file_line_and_rule() {
         let h = "signature,family,p1,p2,ks,n\n";
         let cases = [
@@ -512,6 +569,18 @@ mod tests {
                 "t.csv:4: duplicate signature \"k\"; first given on line 2",
             ),
             (format!("{h}k,normal,1\n"), "t.csv:2: expected 6 fields"),
+            (
+                format!("{h}\"k\"\"\",normal,1,0.1,,\n\"k\",normal,1,0.1,,\"4\"0\n"),
+                "t.csv:3: unexpected '0' after the closing quote of field 6",
+            ),
+            (
+                format!("{h}k,nor\"mal,1,0.1,,\n"),
+                "t.csv:2: stray quote in unquoted field 2",
+            ),
+            (
+                format!("{h}k,normal,1,0.1,,\"4"),
+                "t.csv:2: unterminated quoted field 6",
+            ),
         ];
         for (text, want) in cases {
             let e = parse_dist_table(&text, "t.csv").unwrap_err().to_string();
