@@ -334,38 +334,83 @@ pub fn sample_steps(
         let steps = step_model_samples(job, v, seed, samples, clusters, prune, m, fast, progress)?;
         return Ok((steps, method, step_model));
     }
+    // Exact shortcut: iterations that cannot differ are simulated once. A symmetric
+    // perturbation (no per-kernel draws, one factor for every rank) is fixed by its rank
+    // factor and its communication factor; samples that share both share the iteration.
+    let keys: Vec<Option<(u64, u64)>> = (0..samples)
+        .into_par_iter()
+        .map(|i| symmetric_key(&draw_in(job, v, seed, i, clusters)))
+        .collect();
+    let mut distinct: Vec<(u64, u64)> = keys.iter().flatten().copied().collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    // The first sample of each distinct key is simulated; the others copy its time.
+    let first_of = |k: (u64, u64)| keys.iter().position(|x| *x == Some(k)).expect("a key");
+    let shared: Vec<(u64, f64)> = distinct
+        .par_iter()
+        .map(|&k| {
+            let i = first_of(k) as u64;
+            let t = simulate_sample(job, v, seed, i, clusters, base_opts);
+            progress(keys.iter().filter(|x| **x == Some(k)).count() as u64);
+            t.map(|t| (i, t))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Error::sim("simulation failed", e))?;
     let steps: Vec<f64> = (0..samples)
         .into_par_iter()
-        .map(|i| {
-            // Exact shortcut: a perturbation that treats every rank alike (a shared network
-            // regime only) keeps the ranks symmetric, so one representative per stage suffices.
-            let p = draw_in(job, v, seed, i, clusters);
-            let mode = if p.is_symmetric() {
-                Mode::Reduced
-            } else {
-                Mode::Full
-            };
-            let opts = SimOptions {
-                mode,
-                ..p.options(base_opts)
-            };
-            let r = match prism_core::simulate(job, &opts) {
-                Err(prism_core::engine::SimError::Asymmetric(_)) => prism_core::simulate(
-                    job,
-                    &SimOptions {
-                        mode: Mode::Full,
-                        ..opts
-                    },
-                ),
-                other => other,
+        .map(|i| match keys[i as usize] {
+            Some(k) => Ok(shared[distinct.binary_search(&k).expect("a distinct key")].1),
+            None => {
+                let t = simulate_sample(job, v, seed, i, clusters, base_opts);
+                progress(1);
+                t
             }
-            .map(|r| r.summary.iteration_time_s);
-            progress(1);
-            r
         })
         .collect::<Result<Vec<f64>, _>>()
         .map_err(|e| Error::sim("simulation failed", e))?;
     Ok((steps, method, step_model))
+}
+
+/// What makes a symmetric perturbation's iteration: its rank factor (the same for every rank)
+/// and its communication factor, as bits; `None` for an asymmetric perturbation.
+fn symmetric_key(p: &Perturbation) -> Option<(u64, u64)> {
+    p.is_symmetric().then(|| {
+        let rank = p.rank_factor.first().copied().unwrap_or(1.0);
+        (rank.to_bits(), p.comm_factor.to_bits())
+    })
+}
+
+/// Iteration time of sample `i` in the engine: one representative per stage when the sample's
+/// perturbation keeps the ranks symmetric (a shared network regime only), else every rank.
+fn simulate_sample(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    i: u64,
+    clusters: u64,
+    base_opts: &SimOptions,
+) -> Result<f64, SimError> {
+    let p = draw_in(job, v, seed, i, clusters);
+    let mode = if p.is_symmetric() {
+        Mode::Reduced
+    } else {
+        Mode::Full
+    };
+    let opts = SimOptions {
+        mode,
+        ..p.options(base_opts)
+    };
+    match prism_core::simulate(job, &opts) {
+        Err(SimError::Asymmetric(_)) => prism_core::simulate(
+            job,
+            &SimOptions {
+                mode: Mode::Full,
+                ..opts
+            },
+        ),
+        other => other,
+    }
+    .map(|r| r.summary.iteration_time_s)
 }
 
 /// Step-model samples, cluster by cluster. With per-GPU speeds and at least three samples in
@@ -559,13 +604,29 @@ pub fn p95_attribution(
             })
             .collect()
     };
+    // A symmetric perturbation keeps the ranks alike: the recorded ranks alone, with the rest
+    // replayed from symmetry, give exactly the full run's timings.
+    let mode = if p.is_symmetric() {
+        Mode::Slice(record_ranks.clone())
+    } else {
+        Mode::Full
+    };
     let opts = SimOptions {
-        mode: Mode::Full,
+        mode,
         record_ranks,
         ..p.options(base_opts)
     };
-    let r =
-        prism_core::simulate(job, &opts).map_err(|e| Error::sim("p95 re-simulation failed", e))?;
+    let r = match prism_core::simulate(job, &opts) {
+        Err(SimError::Asymmetric(_)) => prism_core::simulate(
+            job,
+            &SimOptions {
+                mode: Mode::Full,
+                ..opts
+            },
+        ),
+        other => other,
+    }
+    .map_err(|e| Error::sim("p95 re-simulation failed", e))?;
     let attr = crate::attribution::critical_path(&r);
     Ok(P95Attribution {
         sample: i as u64,
