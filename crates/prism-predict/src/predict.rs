@@ -660,3 +660,76 @@ impl P95Attribution {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::variability::{CommRegime, GpuSpeed};
+    use prism_core::job::fixtures::small_job;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Step samples from `sample_steps` and, independently, one engine run per sample.
+    fn shortcut_and_direct(v: &Variability, samples: u64) -> (Vec<f64>, Vec<f64>, u64) {
+        let job = small_job(2, 2, 2, 16);
+        let base = SimOptions::default();
+        let ticks = AtomicU64::new(0);
+        let (steps, _, model) = sample_steps(&job, v, 3, samples, 2, false, true, &base, &|n| {
+            ticks.fetch_add(n, Ordering::Relaxed);
+        })
+        .unwrap();
+        assert!(model.is_none(), "symmetric samples use the engine");
+        let direct = (0..samples)
+            .map(|i| simulate_sample(&job, v, 3, i, 2, &base).unwrap())
+            .collect();
+        (steps, direct, ticks.into_inner())
+    }
+
+    /// Samples that cannot differ are simulated once, and every sample still gets exactly the
+    /// time its own engine run gives; the progress count is one per sample either way.
+    #[test]
+    fn identical_iterations_are_simulated_once() {
+        let constant = Variability {
+            gpu_speed: Some(GpuSpeed {
+                factor: Dist::Constant(1.1),
+                outlier_fraction: 0.0,
+                outlier_slowdown: 1.0,
+            }),
+            comm_regime: Some(CommRegime {
+                factor: Dist::Constant(1.3),
+            }),
+            ..Variability::default()
+        };
+        let varying = Variability {
+            comm_regime: Some(CommRegime {
+                factor: Dist::LogNormal {
+                    mu: 0.0,
+                    sigma: 0.2,
+                },
+            }),
+            ..Variability::default()
+        };
+        for (v, distinct) in [(Variability::default(), 1), (constant, 1), (varying, 9)] {
+            let (steps, direct, ticks) = shortcut_and_direct(&v, 9);
+            assert_eq!(steps, direct);
+            assert_eq!(ticks, 9);
+            let mut d = steps.clone();
+            d.sort_by(f64::total_cmp);
+            d.dedup();
+            assert_eq!(d.len(), distinct, "{v:?}");
+        }
+        // A constant 1.1 on every GPU slows the iteration; nothing varies between samples.
+        let (slow, _, _) = shortcut_and_direct(
+            &Variability {
+                gpu_speed: Some(GpuSpeed {
+                    factor: Dist::Constant(1.1),
+                    outlier_fraction: 0.0,
+                    outlier_slowdown: 1.0,
+                }),
+                ..Variability::default()
+            },
+            3,
+        );
+        let (plain, _, _) = shortcut_and_direct(&Variability::default(), 3);
+        assert!(slow[0] > plain[0] && slow.iter().all(|t| *t == slow[0]));
+    }
+}
