@@ -189,7 +189,13 @@ pub(super) struct Tape {
     /// Ends that nothing outside the tail waits for: their maximum is the replica's last end
     /// (every duration is non-negative).
     pub(super) sinks: Vec<Val>,
+    /// Identity of this compiled program (unique per compilation, shared by clones): a reused
+    /// evaluation scratch keeps its values only for the tape it last served.
+    pub(super) id: u64,
 }
+
+/// Source of [`Tape::id`].
+static NEXT_TAPE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Tape {
     /// Fuses chains of instructions into runs: an instruction whose inputs and output are one
@@ -575,6 +581,7 @@ impl StepModel {
                 .iter()
                 .map(|st| vec![None; st.kind.len()])
                 .collect(),
+            id: NEXT_TAPE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..Tape::default()
         };
         loop {

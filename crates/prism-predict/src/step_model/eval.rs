@@ -30,6 +30,7 @@ impl Scale {
 }
 
 /// Scratch space of one evaluation.
+#[derive(Debug)]
 pub(super) struct Work {
     /// Ends of the current replica's macro-ops (see [`Tape`]).
     pub(super) vals: Vec<f64>,
@@ -38,6 +39,8 @@ pub(super) struct Work {
     pub(super) lane_fs: Vec<f64>,
     /// The slowest lane's factor per stage.
     pub(super) fmax: Vec<f64>,
+    /// [`Tape::id`] of the tape whose values `vals` holds.
+    pub(super) tape: u64,
 }
 
 impl Work {
@@ -49,8 +52,66 @@ impl Work {
             ready: vec![0.0; l],
             lane_fs: vec![1.0; pp * l],
             fmax: vec![1.0; pp],
+            tape: tape.id,
         }
     }
+
+    /// A scratch for `tape`, reusing this thread's last one (it goes back when the guard is
+    /// dropped): a sample's value array is tens of megabytes at thousands of GPUs, and a fresh
+    /// one per sample costs more in page faults than a pruned sample itself. The per-replica
+    /// arrays are reset as [`Work::new`] sets them; the values are kept only when the scratch
+    /// last served the same tape (every evaluation writes a value before it reads it, and a
+    /// value no evaluation of this tape writes is still 0), else zeroed.
+    pub(super) fn reuse(m: &StepModel, tape: &Tape) -> Scratch {
+        let work = match SCRATCH.take() {
+            Some(mut w) => {
+                if w.tape != tape.id || w.vals.len() != tape.len {
+                    w.vals.clear();
+                    w.vals.resize(tape.len, 0.0);
+                    w.tape = tape.id;
+                }
+                let l = lanes(&m.layout);
+                let pp = m.layout.pp as usize;
+                w.ready.clear();
+                w.ready.resize(l, 0.0);
+                w.lane_fs.clear();
+                w.lane_fs.resize(pp * l, 1.0);
+                w.fmax.clear();
+                w.fmax.resize(pp, 1.0);
+                w
+            }
+            None => Work::new(m, tape),
+        };
+        Scratch(Some(work))
+    }
+}
+
+/// A [`Work`] borrowed from this thread's scratch slot; dropping it puts it back.
+#[derive(Debug)]
+pub(super) struct Scratch(Option<Work>);
+
+impl std::ops::Deref for Scratch {
+    type Target = Work;
+    fn deref(&self) -> &Work {
+        self.0.as_ref().expect("scratch present until drop")
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut Work {
+        self.0.as_mut().expect("scratch present until drop")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        SCRATCH.set(self.0.take());
+    }
+}
+
+thread_local! {
+    /// This thread's evaluation scratch between samples (see [`Work::with`]).
+    static SCRATCH: std::cell::Cell<Option<Work>> = const { std::cell::Cell::new(None) };
 }
 
 /// Where the iteration's last end was produced.
@@ -137,7 +198,7 @@ impl StepModel {
         trace: Option<&mut Trace>,
     ) -> f64 {
         let scale = Scale::new(comm_factor, draw);
-        let mut work = Work::new(self, tape);
+        let mut work = Work::reuse(self, tape);
         let mut store = self.new_store();
         let mut last = Latest::default();
         for r in 0..self.layout.dp as usize {
@@ -311,6 +372,8 @@ impl StepModel {
             2 => self.run_replica::<2>(tape, r, draw, scale, work),
             4 => self.run_replica::<4>(tape, r, draw, scale, work),
             8 => self.run_replica::<8>(tape, r, draw, scale, work),
+            16 => self.run_replica::<16>(tape, r, draw, scale, work),
+            32 => self.run_replica::<32>(tape, r, draw, scale, work),
             _ => self.run_replica::<0>(tape, r, draw, scale, work),
         }
     }
@@ -332,6 +395,7 @@ impl StepModel {
             ready,
             lane_fs,
             fmax,
+            ..
         } = work;
         let ready = &mut ready[..l];
         if let Draw::Fast {

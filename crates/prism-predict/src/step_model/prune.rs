@@ -252,7 +252,7 @@ impl StepModel {
             b.iter().zip(sl).map(move |(&b, &s)| b + lam * s)
         };
         let at = |r: usize, (s, j): (u32, u32)| (s as usize, r * stride[s as usize] + j as usize);
-        let mut work = Work::new(self, tape);
+        let mut work = Work::reuse(self, tape);
         let mut store = self.new_store();
         let mut last = Latest::default();
         let mut done = vec![false; dp];
