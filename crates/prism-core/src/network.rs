@@ -186,6 +186,8 @@ struct Flow {
     generation: u32,
     active: bool,
     token: u64,
+    /// Rate alone on its links: its tightest link's capacity per use.
+    solo_rate: u64,
 }
 
 /// A completion the engine must schedule: flow `flow` (of `generation`) ends at `time`.
@@ -299,10 +301,19 @@ impl Network {
         f.generation = f.generation.wrapping_add(1);
         f.active = true;
         f.token = token;
+        f.solo_rate = links
+            .iter()
+            .map(|&(l, c)| self.capacity[l as usize] / c as u64)
+            .min()
+            .unwrap_or(1)
+            .max(1);
         for &(l, _) in links {
             self.link_flows[l as usize].push(id);
-            self.dirty.push(l);
         }
+        // One link marks the whole component dirty: the flow joins its links into one. (The
+        // component is found from the first dirty link popped, the last one pushed, so pushing
+        // only the last link keeps the order in which components are recomputed.)
+        self.dirty.push(links[links.len() - 1].0);
         id
     }
 
@@ -327,7 +338,11 @@ impl Network {
                 .position(|&x| x == flow)
                 .expect("flow registered on its link");
             v.swap_remove(pos);
-            self.dirty.push(l);
+            // A link left with no flow has nothing to recompute; one that still carries flows
+            // may now be in a smaller component of its own.
+            if !v.is_empty() {
+                self.dirty.push(l);
+            }
         }
         self.flows[flow as usize].links = links;
         self.free.push(flow);
@@ -406,14 +421,7 @@ impl Network {
         self.comp_flow_total += self.comp_flows.len() as u64;
         if let [f] = self.comp_flows[..] {
             // A flow alone on its links runs at its tightest link's rate.
-            let rate = self.flows[f as usize]
-                .links
-                .iter()
-                .map(|&(l, c)| self.capacity[l as usize] / c as u64)
-                .min()
-                .unwrap_or(1)
-                .max(1);
-            self.new_rate[f as usize] = rate;
+            self.new_rate[f as usize] = self.flows[f as usize].solo_rate;
             self.apply_rates(now, out);
             return;
         }
