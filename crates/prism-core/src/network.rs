@@ -212,9 +212,6 @@ pub struct Network {
     link_mark: Vec<u32>,
     flow_mark: Vec<u32>,
     epoch: u32,
-    /// Settle round in which each link's component was last recomputed.
-    link_round: Vec<u32>,
-    round: u32,
     // Scratch, reused across recomputations.
     comp_links: Vec<LinkId>,
     comp_flows: Vec<FlowId>,
@@ -255,8 +252,6 @@ impl Network {
             link_mark: vec![0; n],
             flow_mark: Vec::new(),
             epoch: 0,
-            link_round: vec![0; n],
-            round: 0,
             comp_links: Vec::new(),
             comp_flows: Vec::new(),
             rem: vec![0; n],
@@ -363,14 +358,11 @@ impl Network {
     /// and appends the new completion times of flows whose rate changed to `out`.
     pub fn settle(&mut self, now: SimTime, out: &mut Vec<FlowEnd>) {
         self.settles += 1;
-        self.round = self.round.wrapping_add(1);
-        if self.round == 0 {
-            self.link_round.iter_mut().for_each(|m| *m = 0);
-            self.round = 1;
-        }
+        // Links marked with an epoch after this one were recomputed in this call.
+        let mut first = self.epoch;
         while let Some(start) = self.dirty.pop() {
-            // Already recomputed with an earlier component of this round.
-            if self.link_round[start as usize] == self.round {
+            // Already recomputed with an earlier component of this call.
+            if self.link_mark[start as usize] > first {
                 continue;
             }
             self.epoch = self.epoch.wrapping_add(1);
@@ -378,11 +370,11 @@ impl Network {
                 self.link_mark.iter_mut().for_each(|m| *m = 0);
                 self.flow_mark.iter_mut().for_each(|m| *m = 0);
                 self.epoch = 1;
+                // Earlier components of this call lost their marks; recomputing one again
+                // gives the same rates and reports nothing.
+                first = 0;
             }
             self.collect_component(start);
-            for &l in &self.comp_links {
-                self.link_round[l as usize] = self.round;
-            }
             if !self.comp_flows.is_empty() {
                 self.fill(now, out);
             }
