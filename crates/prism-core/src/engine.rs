@@ -255,6 +255,23 @@ struct GroupState {
     size: u32,
 }
 
+/// [`simulate`] in `opts.mode`, or with every rank (`Mode::Full`) when that mode needs a
+/// symmetry the job or the perturbation does not have (an asymmetric placement, per-rank
+/// draws). Reduced and slice runs are exact where allowed, so the answer is the full run's
+/// either way.
+pub fn simulate_or_full(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
+    match simulate(job, opts) {
+        Err(SimError::Asymmetric(_)) if opts.mode != Mode::Full => simulate(
+            job,
+            &SimOptions {
+                mode: Mode::Full,
+                ..opts.clone()
+            },
+        ),
+        r => r,
+    }
+}
+
 /// Simulates one iteration of a validated job.
 pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     let graph = ExecutionGraph::build(job);

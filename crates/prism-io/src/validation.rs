@@ -16,9 +16,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use prism_core::engine::SimError;
 use prism_core::report::Summary;
-use prism_core::{Mode, SimOptions, simulate};
+use prism_core::{Mode, SimOptions};
 
 use crate::csv_text::{Field, Record, split_csv};
 use crate::files::read_limited;
@@ -903,14 +902,8 @@ pub fn run_case(case: &Case, opts: &SimOptions) -> Result<CaseResult, String> {
         .map_err(|e| e.to_string())?;
     let mut o = opts.clone();
     o.mode = Mode::Reduced;
-    let result = match simulate(&loaded.job, &o) {
-        Err(SimError::Asymmetric(_)) => {
-            o.mode = Mode::Full;
-            simulate(&loaded.job, &o)
-        }
-        r => r,
-    }
-    .map_err(|e| format!("case {}: simulation failed: {e}", case.id))?;
+    let result = prism_core::engine::simulate_or_full(&loaded.job, &o)
+        .map_err(|e| format!("case {}: simulation failed: {e}", case.id))?;
     let predicted = case.metric.from_summary(&result.summary);
     if !(predicted.is_finite() && predicted > 0.0) {
         return Err(format!(

@@ -232,16 +232,7 @@ pub fn simulate_det(
         kernel_table: kernel_table.clone(),
         ..SimOptions::default()
     };
-    match prism_core::simulate(job, &opts) {
-        Err(SimError::Asymmetric(_)) => prism_core::simulate(
-            job,
-            &SimOptions {
-                mode: Mode::Full,
-                ..opts
-            },
-        ),
-        r => r,
-    }
+    prism_core::engine::simulate_or_full(job, &opts)
 }
 
 /// Where the slow GPUs of one candidate placement sit.

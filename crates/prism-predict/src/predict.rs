@@ -400,17 +400,7 @@ fn simulate_sample(
         mode,
         ..p.options(base_opts)
     };
-    match prism_core::simulate(job, &opts) {
-        Err(SimError::Asymmetric(_)) => prism_core::simulate(
-            job,
-            &SimOptions {
-                mode: Mode::Full,
-                ..opts
-            },
-        ),
-        other => other,
-    }
-    .map(|r| r.summary.iteration_time_s)
+    prism_core::engine::simulate_or_full(job, &opts).map(|r| r.summary.iteration_time_s)
 }
 
 /// Step-model samples, cluster by cluster. With per-GPU speeds and at least three samples in
@@ -616,17 +606,8 @@ pub fn p95_attribution(
         record_ranks,
         ..p.options(base_opts)
     };
-    let r = match prism_core::simulate(job, &opts) {
-        Err(SimError::Asymmetric(_)) => prism_core::simulate(
-            job,
-            &SimOptions {
-                mode: Mode::Full,
-                ..opts
-            },
-        ),
-        other => other,
-    }
-    .map_err(|e| Error::sim("p95 re-simulation failed", e))?;
+    let r = prism_core::engine::simulate_or_full(job, &opts)
+        .map_err(|e| Error::sim("p95 re-simulation failed", e))?;
     let attr = crate::attribution::critical_path(&r);
     Ok(P95Attribution {
         sample: i as u64,
