@@ -304,12 +304,9 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         let samples = args.samples as u64;
         let opts = SampleOptions {
             samples,
-            clusters: args
-                .clusters
-                .unwrap_or(prism_predict::predict::PredictOptions::default_clusters(
-                    samples,
-                ))
-                .clamp(1, samples),
+            clusters: args.clusters.unwrap_or(
+                prism_predict::predict::PredictOptions::default_clusters(samples),
+            ),
             seed,
             per_rank: args.per_rank,
         };

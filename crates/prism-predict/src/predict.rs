@@ -11,6 +11,8 @@
 //! 3. The guarantee: the smallest `t` with `P(T <= t) >= q` holding at the given confidence, a
 //!    distribution-free order-statistic bound on the q-quantile ([`crate::stats::guarantee`]).
 
+use std::collections::BTreeMap;
+
 use prism_core::engine::{Mode, SimError, SimOptions};
 use prism_core::job::Job;
 use prism_core::ops::OpClass;
@@ -189,7 +191,7 @@ pub fn predict(
 pub fn with_fit_table(
     job: &Job,
     mut v: Variability,
-    table: &std::collections::BTreeMap<String, Dist>,
+    table: &BTreeMap<String, Dist>,
     origin: &str,
 ) -> Result<Variability, Error> {
     use crate::variability::{CommRegime, KernelJitter, OpJitter};
@@ -341,25 +343,27 @@ pub fn sample_steps(
         .into_par_iter()
         .map(|i| symmetric_key(&draw_in(job, v, seed, i, clusters)))
         .collect();
-    let mut distinct: Vec<(u64, u64)> = keys.iter().flatten().copied().collect();
-    distinct.sort_unstable();
-    distinct.dedup();
-    // The first sample of each distinct key is simulated; the others copy its time.
-    let first_of = |k: (u64, u64)| keys.iter().position(|x| *x == Some(k)).expect("a key");
-    let shared: Vec<(u64, f64)> = distinct
+    // Each distinct key: its first sample (simulated) and how many samples share it.
+    let mut distinct: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        if let Some(k) = k {
+            distinct.entry(*k).or_insert((i as u64, 0)).1 += 1;
+        }
+    }
+    let firsts: Vec<((u64, u64), (u64, u64))> = distinct.into_iter().collect();
+    let shared: BTreeMap<(u64, u64), f64> = firsts
         .par_iter()
-        .map(|&k| {
-            let i = first_of(k) as u64;
+        .map(|&(k, (i, count))| {
             let t = simulate_sample(job, v, seed, i, clusters, base_opts);
-            progress(keys.iter().filter(|x| **x == Some(k)).count() as u64);
-            t.map(|t| (i, t))
+            progress(count);
+            t.map(|t| (k, t))
         })
-        .collect::<Result<Vec<_>, _>>()
+        .collect::<Result<_, _>>()
         .map_err(|e| Error::sim("simulation failed", e))?;
     let steps: Vec<f64> = (0..samples)
         .into_par_iter()
         .map(|i| match keys[i as usize] {
-            Some(k) => Ok(shared[distinct.binary_search(&k).expect("a distinct key")].1),
+            Some(k) => Ok(shared[&k]),
             None => {
                 let t = simulate_sample(job, v, seed, i, clusters, base_opts);
                 progress(1);
@@ -537,8 +541,7 @@ pub fn p95_attribution(
         .or_else(|| samples.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)))
         .ok_or_else(|| Error::Invalid("no step-time samples".into()))?;
     let p = draw_in(job, v, seed, i as u64, clusters);
-    let top_ops = |by_op: &[(String, f64)],
-                   class_of: &std::collections::BTreeMap<String, String>| {
+    let top_ops = |by_op: &[(String, f64)], class_of: &BTreeMap<String, String>| {
         by_op
             .iter()
             .take(TOP_CONTRIBUTORS)

@@ -45,39 +45,46 @@ pub(super) struct Work {
 
 impl Work {
     pub(super) fn new(m: &StepModel, tape: &Tape) -> Self {
+        let mut w = Work {
+            vals: Vec::new(),
+            ready: Vec::new(),
+            lane_fs: Vec::new(),
+            fmax: Vec::new(),
+            tape: tape.id,
+        };
+        w.reset(m, tape);
+        w
+    }
+
+    /// Sizes and sets the arrays for an evaluation of `tape`: the per-replica ones as a fresh
+    /// scratch has them, the values zeroed unless they already belong to `tape` (every
+    /// evaluation writes a value before it reads it, and a value no evaluation of this tape
+    /// writes is still 0).
+    fn reset(&mut self, m: &StepModel, tape: &Tape) {
+        if self.tape != tape.id || self.vals.len() != tape.len {
+            self.vals.clear();
+            self.tape = tape.id;
+        }
+        self.vals.resize(tape.len, 0.0);
         let l = lanes(&m.layout);
         let pp = m.layout.pp as usize;
-        Work {
-            vals: vec![0.0; tape.len],
-            ready: vec![0.0; l],
-            lane_fs: vec![1.0; pp * l],
-            fmax: vec![1.0; pp],
-            tape: tape.id,
+        for (v, n, x) in [
+            (&mut self.ready, l, 0.0),
+            (&mut self.lane_fs, pp * l, 1.0),
+            (&mut self.fmax, pp, 1.0),
+        ] {
+            v.clear();
+            v.resize(n, x);
         }
     }
 
     /// A scratch for `tape`, reusing this thread's last one (it goes back when the guard is
     /// dropped): a sample's value array is tens of megabytes at thousands of GPUs, and a fresh
-    /// one per sample costs more in page faults than a pruned sample itself. The per-replica
-    /// arrays are reset as [`Work::new`] sets them; the values are kept only when the scratch
-    /// last served the same tape (every evaluation writes a value before it reads it, and a
-    /// value no evaluation of this tape writes is still 0), else zeroed.
+    /// one per sample costs more in page faults than a pruned sample itself.
     pub(super) fn reuse(m: &StepModel, tape: &Tape) -> Scratch {
         let work = match SCRATCH.take() {
             Some(mut w) => {
-                if w.tape != tape.id || w.vals.len() != tape.len {
-                    w.vals.clear();
-                    w.vals.resize(tape.len, 0.0);
-                    w.tape = tape.id;
-                }
-                let l = lanes(&m.layout);
-                let pp = m.layout.pp as usize;
-                w.ready.clear();
-                w.ready.resize(l, 0.0);
-                w.lane_fs.clear();
-                w.lane_fs.resize(pp * l, 1.0);
-                w.fmax.clear();
-                w.fmax.resize(pp, 1.0);
+                w.reset(m, tape);
                 w
             }
             None => Work::new(m, tape),
