@@ -24,8 +24,10 @@ use prism_core::memory;
 
 use crate::perturbation::Perturbation;
 use crate::stats;
+use crate::step_model::Frozen;
 use crate::variability::Variability;
 use crate::{Error, Progress};
+use std::sync::Arc;
 
 /// Bytes in a GiB.
 pub const GIB: f64 = (1u64 << 30) as f64;
@@ -72,6 +74,9 @@ pub struct Evaluated {
     pub tokens_per_s: f64,
     pub peak_bytes: u64,
     pub sampled: Option<Sampled>,
+    /// The deterministic run's frozen durations (when it was reduced), so the step model of
+    /// step 3 need not run the engine again.
+    pub frozen: Option<Arc<Frozen>>,
 }
 
 impl Evaluated {
@@ -227,12 +232,36 @@ pub fn simulate_det(
     job: &Job,
     kernel_table: &Option<KernelTable>,
 ) -> Result<prism_core::SimResult, SimError> {
+    simulate_det_frozen(job, kernel_table).map(|(r, _)| r)
+}
+
+/// [`simulate_det`], and when the run was reduced, its durations frozen for the step model.
+pub fn simulate_det_frozen(
+    job: &Job,
+    kernel_table: &Option<KernelTable>,
+) -> Result<(prism_core::SimResult, Option<Frozen>), SimError> {
     let opts = SimOptions {
         mode: Mode::Reduced,
         kernel_table: kernel_table.clone(),
+        record_ranks: Frozen::record_ranks(job),
         ..SimOptions::default()
     };
-    prism_core::engine::simulate_or_full(job, &opts)
+    match prism_core::engine::simulate(job, &opts) {
+        Ok(r) => {
+            let frozen = Frozen::from_run(&r);
+            Ok((r, frozen))
+        }
+        Err(SimError::Asymmetric(_)) => prism_core::engine::simulate(
+            job,
+            &SimOptions {
+                mode: Mode::Full,
+                record_ranks: Vec::new(),
+                ..opts
+            },
+        )
+        .map(|r| (r, None)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Where the slow GPUs of one candidate placement sit.
@@ -425,7 +454,7 @@ pub fn evaluate(
     let mut evaluated: Vec<Evaluated> = feasible
         .into_par_iter()
         .map(|(job, peak_bytes, is_job_config)| {
-            let r = simulate_det(&job, kernel_table);
+            let r = simulate_det_frozen(&job, kernel_table);
             progress(1);
             let r = r.map_err(|e| {
                 let p = &job.parallel;
@@ -437,6 +466,7 @@ pub fn evaluate(
                     e,
                 )
             })?;
+            let (r, frozen) = r;
             let s = &r.summary;
             Ok(Evaluated {
                 iteration_s: s.iteration_time_s,
@@ -445,6 +475,7 @@ pub fn evaluate(
                 peak_bytes,
                 is_job_config,
                 sampled: None,
+                frozen: frozen.map(Arc::new),
                 job,
             })
         })
@@ -490,7 +521,7 @@ pub fn sample(
     let runs: Vec<(Vec<f64>, String)> = candidates
         .par_iter()
         .map(|e| {
-            crate::predict::sample_steps(
+            crate::predict::sample_steps_frozen(
                 &e.job,
                 v,
                 opts.seed,
@@ -499,6 +530,7 @@ pub fn sample(
                 opts.per_rank,
                 true,
                 &base_opts,
+                e.frozen.as_deref(),
                 progress,
             )
             // The step model is not needed once the samples are drawn.
@@ -705,6 +737,7 @@ mod tests {
                 p95: p99,
                 p99,
             }),
+            frozen: None,
         }
     }
 

@@ -21,7 +21,7 @@ use rand::RngExt;
 use crate::perturbation::Perturbation;
 use crate::reliability::{self, RunModel};
 use crate::stats;
-use crate::step_model::{FastStats, Pruner, StepModel};
+use crate::step_model::{FastStats, Frozen, Pruner, StepModel};
 use crate::variability::{Dist, Variability};
 use crate::{Error, Progress};
 
@@ -302,6 +302,27 @@ pub fn sample_steps(
     base_opts: &SimOptions,
     progress: &Progress<'_>,
 ) -> Result<(Vec<f64>, String, Option<FastModel>), Error> {
+    sample_steps_frozen(
+        job, v, seed, samples, clusters, per_rank, prune, base_opts, None, progress,
+    )
+}
+
+/// [`sample_steps`], compiling the step model from `frozen` (the durations of an earlier
+/// deterministic run of the same job and options) when given, instead of running the engine
+/// again.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_steps_frozen(
+    job: &Job,
+    v: &Variability,
+    seed: u64,
+    samples: u64,
+    clusters: u64,
+    per_rank: bool,
+    prune: bool,
+    base_opts: &SimOptions,
+    frozen: Option<&Frozen>,
+    progress: &Progress<'_>,
+) -> Result<(Vec<f64>, String, Option<FastModel>), Error> {
     use rayon::prelude::*;
     // The max-plus step model (frozen communication durations, exact order-statistic draws)
     // when the job and the jitter allow it; otherwise every rank runs in the engine.
@@ -314,7 +335,11 @@ pub fn sample_steps(
     } else if probe.is_symmetric() {
         None
     } else {
-        match StepModel::new(job, base_opts).and_then(|m| m.fast_stats(&probe).map(|f| (m, f))) {
+        let model = match frozen {
+            Some(f) => StepModel::with_frozen(job, f),
+            None => StepModel::new(job, base_opts),
+        };
+        match model.and_then(|m| m.fast_stats(&probe).map(|f| (m, f))) {
             Ok(model) => Some(model),
             Err(e) => {
                 why_not = Some(e.to_string());

@@ -682,3 +682,38 @@ fn iid_normal_jitter_matches_the_closed_form() {
         se.p95
     );
 }
+
+/// Explore's deterministic run, kept, compiles the same step model as a fresh engine run: the
+/// same frozen durations, the same nominal iteration and the same fast samples.
+#[test]
+fn frozen_durations_of_explores_run_equal_a_fresh_record() {
+    use prism_predict::step_model::Frozen;
+    let job = small_job(2, 2, 2, 8);
+    let (run, frozen) = prism_predict::explore::simulate_det_frozen(&job, &None).unwrap();
+    let frozen = frozen.expect("a symmetric job runs reduced");
+    assert_eq!(
+        frozen,
+        Frozen::record(&job, &SimOptions::default()).unwrap()
+    );
+    let kept = StepModel::with_frozen(&job, &frozen).unwrap();
+    let fresh = StepModel::new(&job, &SimOptions::default()).unwrap();
+    assert_eq!(kept.nominal_s(), run.summary.iteration_time_s);
+    assert_eq!(
+        kept.evaluate_nominal().unwrap(),
+        fresh.evaluate_nominal().unwrap()
+    );
+    let p = Perturbation {
+        jitter: normal_jitter(),
+        ..Perturbation::default()
+    };
+    let (fk, ff) = (kept.fast_stats(&p).unwrap(), fresh.fast_stats(&p).unwrap());
+    for seed in 0..4 {
+        assert_eq!(
+            kept.sample_fast(&fk, &[], 1.1, seed).unwrap(),
+            fresh.sample_fast(&ff, &[], 1.1, seed).unwrap()
+        );
+    }
+    // Another job's durations are refused, not misread.
+    let other = small_job(2, 4, 1, 8);
+    assert!(StepModel::with_frozen(&other, &frozen).is_err());
+}

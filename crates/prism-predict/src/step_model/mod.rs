@@ -77,6 +77,58 @@ use prism_core::layout::{Coord, GroupKind, Layout};
 use prism_core::ops::OpClass;
 use prism_core::units::SimTime;
 
+/// The durations one deterministic reduced engine run gave every op of each stage's
+/// representative (stage `s`: rank `s x stage_size`), and its iteration time: what the step
+/// model freezes. A caller that already ran the job (explore's deterministic phase) keeps it and
+/// compiles the model without running the engine again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Frozen {
+    durations: Vec<Vec<SimTime>>,
+    nominal_s: f64,
+}
+
+impl Frozen {
+    /// The ranks a run must record for [`Frozen::from_run`]: one representative per stage.
+    pub fn record_ranks(job: &Job) -> Vec<u32> {
+        let layout = Layout::new(job);
+        (0..layout.pp).map(|s| s * layout.stage_size()).collect()
+    }
+
+    /// Runs the job once, deterministic and reduced, recording the representatives.
+    pub fn record(job: &Job, opts: &SimOptions) -> Result<Frozen, SimError> {
+        let run = prism_core::engine::simulate(
+            job,
+            &SimOptions {
+                mode: Mode::Reduced,
+                record_ranks: Self::record_ranks(job),
+                perturbation: None,
+                ..opts.clone()
+            },
+        )?;
+        Ok(Self::from_run(&run).expect("the representatives were recorded"))
+    }
+
+    /// The frozen durations of a deterministic, unperturbed reduced run that recorded
+    /// [`Frozen::record_ranks`]; `None` when it did not record them all.
+    pub fn from_run(run: &prism_core::SimResult) -> Option<Frozen> {
+        let layout = run.graph.layout;
+        let mut durations = Vec::with_capacity(layout.pp as usize);
+        for (s, prog) in run.graph.programs.iter().enumerate() {
+            let rep = s as u32 * layout.stage_size();
+            let rec = run.timelines.iter().find(|t| t.rank == rep)?;
+            let mut dur = vec![0 as SimTime; prog.len()];
+            for r in &rec.ops {
+                dur[r.op as usize] = r.end - r.start;
+            }
+            durations.push(dur);
+        }
+        Some(Frozen {
+            durations,
+            nominal_s: run.summary.iteration_time_s,
+        })
+    }
+}
+
 /// The compiled step model of a job.
 #[derive(Clone, Debug)]
 pub struct StepModel {
@@ -162,39 +214,31 @@ impl StepModel {
     /// Compiles the step model of a validated job. `opts` supplies the cost parameters
     /// (compute, comm, kernel table); its mode and perturbation are ignored.
     pub fn new(job: &Job, opts: &SimOptions) -> Result<StepModel, SimError> {
+        Self::with_frozen(job, &Frozen::record(job, opts)?)
+    }
+
+    /// Compiles the step model from an earlier deterministic run's frozen durations (which
+    /// must come from the same job and options: [`Frozen::record`] or [`Frozen::from_run`]).
+    pub fn with_frozen(job: &Job, frozen: &Frozen) -> Result<StepModel, SimError> {
         if job.model.moe.is_some() {
             return Err(unsupported("mixture-of-experts models are not supported"));
         }
         let graph = ExecutionGraph::build(job);
         let layout = graph.layout;
-        let reps: Vec<u32> = (0..layout.pp).map(|s| s * layout.stage_size()).collect();
-        let run = prism_core::engine::simulate(
-            job,
-            &SimOptions {
-                mode: Mode::Reduced,
-                record_ranks: reps.clone(),
-                perturbation: None,
-                ..opts.clone()
-            },
-        )?;
+        if frozen.durations.len() != graph.programs.len()
+            || (frozen.durations.iter().zip(&graph.programs)).any(|(d, p)| d.len() != p.len())
+        {
+            return Err(unsupported("the frozen durations belong to another job"));
+        }
         let mut stages = Vec::with_capacity(layout.pp as usize);
-        for (s, prog) in graph.programs.iter().enumerate() {
-            let rec = run
-                .timelines
-                .iter()
-                .find(|t| t.rank == reps[s])
-                .expect("recorded representative");
-            let mut dur = vec![0 as SimTime; prog.len()];
-            for r in &rec.ops {
-                dur[r.op as usize] = r.end - r.start;
-            }
-            stages.push(compile_stage(&graph, s as u32, &dur, &layout)?);
+        for (s, dur) in frozen.durations.iter().enumerate() {
+            stages.push(compile_stage(&graph, s as u32, dur, &layout)?);
         }
         let mut model = StepModel {
             layout,
             stages,
             graph,
-            nominal_s: run.summary.iteration_time_s,
+            nominal_s: frozen.nominal_s,
             nominal_tape: Tape::default(),
         };
         model.nominal_tape = model.compile_tape(&|_, _| false, None, true)?;
