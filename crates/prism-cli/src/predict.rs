@@ -180,6 +180,9 @@ pub fn run(args: &PredictArgs) -> Result<()> {
                           "training_time_days": guarantee.map(|t| t / day), "step_time_s": step_guarantee},
             "p95_attribution": attribution_json(p95_attr),
             "p95_attribution_sample": attribution_meta_json(p95_attr),
+            "abandoned_runs": pr.abandoned_runs,
+            "block_iterations": pr.block,
+            "block_exact": pr.block_exact,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -212,6 +215,20 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         "  expected interruptions {interruptions:.1}; effective training time ratio {:.1}%",
         100.0 * ratio
     );
+    if pr.abandoned_runs > 0 {
+        println!(
+            "  did not complete: {} of {} runs abandoned (failures too frequent for training to \
+             progress); the training time above covers the completed runs only",
+            pr.abandoned_runs, args.runs
+        );
+    }
+    if !pr.block_exact {
+        println!(
+            "  runs played out in central-limit blocks of {} iterations (past {} per block)",
+            pr.block,
+            prism_predict::predict::EXACT_BLOCK_MAX
+        );
+    }
     match guarantee {
         Some(t) => println!(
             "  guarantee: P(training time <= {:.2} days) >= {} (at {:.0}% confidence)",

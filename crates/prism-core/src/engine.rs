@@ -118,6 +118,16 @@ pub enum SimError {
     /// An option is out of range.
     #[error("invalid simulation option: {0}")]
     InvalidOption(String),
+    /// The job's graph would exceed the size limit (`graph::MAX_OPS`).
+    #[error("{0}")]
+    TooLarge(String),
+    /// An iteration would last longer than the engine's time range.
+    #[error(
+        "the iteration would last longer than {:.1} days of simulated time (the engine's limit); \
+         check the cluster's bandwidths, latencies and peak FLOP/s and the model's sizes",
+        crate::units::s_from_ps(crate::units::TIME_LIMIT) / 86400.0
+    )]
+    TooLong,
     /// The simulation stopped with work left (a dependency cycle): a bug.
     #[error("simulation deadlocked at rank {rank} stream {stream}: {detail}")]
     Deadlock {
@@ -274,6 +284,7 @@ pub fn simulate_or_full(job: &Job, opts: &SimOptions) -> Result<SimResult, SimEr
 
 /// Simulates one iteration of a validated job.
 pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
+    crate::graph::size_check(job).map_err(SimError::TooLarge)?;
     let graph = ExecutionGraph::build(job);
     let layout = graph.layout;
     let n = layout.num_ranks();
@@ -583,6 +594,8 @@ struct Sim<'a> {
     flow_ends: Vec<FlowEnd>,
     timelines: Vec<RankTimeline>,
     remaining_ops: u64,
+    /// An event fell beyond `units::TIME_LIMIT`.
+    too_long: bool,
 }
 
 /// Link usages of one flow.
@@ -716,11 +729,17 @@ impl<'a> Sim<'a> {
             flow_ends: Vec::new(),
             timelines,
             remaining_ops,
+            too_long: false,
         }
     }
 
     fn push(&mut self, time: SimTime, ev: Event) {
         debug_assert!(time >= self.now);
+        if time >= crate::units::TIME_LIMIT {
+            // Beyond the time range: the run stops with `SimError::TooLong`.
+            self.too_long = true;
+            return;
+        }
         self.queue.push(time, ev);
     }
 
@@ -744,6 +763,9 @@ impl<'a> Sim<'a> {
             self.now = t;
             self.events += 1;
             self.handle(ev);
+        }
+        if self.too_long {
+            return Err(SimError::TooLong);
         }
         if self.remaining_ops != 0 {
             return Err(self.deadlock());
@@ -1004,7 +1026,8 @@ impl<'a> Sim<'a> {
             let dur = match (&self.opts.perturbation, p.kind[op as usize]) {
                 (Some(pt), OpKind::Compute(c)) => {
                     let f = pt.kernel_factor(i.rank, op, c.class, c.name);
-                    (durations[op as usize] as f64 * f).round().max(1.0) as SimTime
+                    ((durations[op as usize] as f64 * f).round().max(1.0))
+                        .min(crate::units::TIME_LIMIT as f64) as SimTime
                 }
                 _ => durations[op as usize],
             };

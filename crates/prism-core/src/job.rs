@@ -329,13 +329,15 @@ fn positive_f(key: &str, v: f64) -> Result<(), JobError> {
     }
 }
 
-fn nonneg_f(key: &str, v: f64) -> Result<(), JobError> {
-    if v.is_finite() && v >= 0.0 {
+/// A finite number in `[lo, hi]` (a documented physical bound), else an error naming the key
+/// and the bound.
+fn within(key: &str, v: f64, lo: f64, hi: f64, unit: &str) -> Result<(), JobError> {
+    if v.is_finite() && v >= lo && v <= hi {
         Ok(())
     } else {
         Err(JobError::new(
             key,
-            format!("must be a non-negative finite number (got {v})"),
+            format!("must be a finite number between {lo} and {hi} {unit} (got {v})"),
         ))
     }
 }
@@ -482,16 +484,30 @@ impl Job {
                 ),
             ));
         }
-        positive_f("cluster.peak_tflops_bf16", c.gpu.peak_tflops_bf16)?;
+        // Physical bounds (docs/job-file.md): far outside any real machine, and keeping every
+        // cost inside the engine's time range.
+        within(
+            "cluster.peak_tflops_bf16",
+            c.gpu.peak_tflops_bf16,
+            0.01,
+            1e6,
+            "TFLOP/s",
+        )?;
         if let Some(f8) = c.gpu.peak_tflops_fp8 {
-            positive_f("cluster.peak_tflops_fp8", f8)?;
+            within("cluster.peak_tflops_fp8", f8, 0.01, 1e6, "TFLOP/s")?;
         }
-        positive_f("cluster.hbm_gib", c.gpu.hbm_gib)?;
-        positive_f("cluster.hbm_tbps", c.gpu.hbm_tbps)?;
-        positive_f("cluster.nvlink_gbps", c.nvlink_gbps)?;
-        positive_f("cluster.nic_gbps", c.nic_gbps)?;
-        nonneg_f("cluster.nic_latency_us", c.nic_latency_us)?;
-        nonneg_f("cluster.nvlink_latency_us", c.nvlink_latency_us)?;
+        within("cluster.hbm_gib", c.gpu.hbm_gib, 0.01, 1e6, "GiB")?;
+        within("cluster.hbm_tbps", c.gpu.hbm_tbps, 0.001, 1e4, "TB/s")?;
+        within("cluster.nvlink_gbps", c.nvlink_gbps, 0.01, 1e6, "Gb/s")?;
+        within("cluster.nic_gbps", c.nic_gbps, 0.01, 1e6, "Gb/s")?;
+        within("cluster.nic_latency_us", c.nic_latency_us, 0.0, 1e6, "us")?;
+        within(
+            "cluster.nvlink_latency_us",
+            c.nvlink_latency_us,
+            0.0,
+            1e6,
+            "us",
+        )?;
         positive(
             "cluster.rail_group_nodes",
             c.topology.rail_group_nodes as u64,

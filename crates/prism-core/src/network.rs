@@ -495,8 +495,11 @@ impl Network {
             flow.updated = now;
             flow.rate = rate;
             flow.generation = flow.generation.wrapping_add(1);
-            let left = flow.remaining.div_ceil(rate as u128);
-            assert!(left < u64::MAX as u128, "flow completion overflows SimTime");
+            // Held at the time range; the engine refuses an event beyond it.
+            let left = flow
+                .remaining
+                .div_ceil(rate as u128)
+                .min(crate::units::TIME_LIMIT as u128);
             out.push(FlowEnd {
                 flow: f,
                 generation: flow.generation,

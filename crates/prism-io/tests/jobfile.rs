@@ -226,7 +226,7 @@ fn negative_size() {
         SMALL,
         &["cluster.hbm_gib=-80"],
         "cluster.hbm_gib",
-        &["must be a positive finite number"],
+        &["must be a finite number between 0.01 and", "(got -80)"],
     );
 }
 

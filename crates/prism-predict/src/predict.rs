@@ -84,7 +84,24 @@ pub struct Prediction {
     pub step_guarantee_s: Option<f64>,
     /// What the p95 step is made of.
     pub p95: P95Attribution,
+    /// Iterations per block of a played-out run (one draw of the run sampler).
+    pub block: u64,
+    /// Whether a block is the exact sum of its iterations' step draws (else the central-limit
+    /// approximation, used past [`EXACT_BLOCK_MAX`] iterations per block).
+    pub block_exact: bool,
+    /// Runs abandoned by the run model's livelock guard (failures too frequent for training to
+    /// progress); the training-time summary covers the completed runs, and the guarantee counts
+    /// an abandoned run as never finishing.
+    pub abandoned_runs: u64,
 }
+
+/// The most iterations a predicted run may have (`tokens / tokens per iteration`).
+pub const MAX_ITERATIONS: u64 = 10_000_000_000;
+
+/// The most iterations a block of a played-out run sums exactly (a run is 4,096 blocks, so up
+/// to about 4.2 million iterations); longer blocks are drawn from the central-limit
+/// approximation with the cluster's step mean and variance ([`reliability::clt_block`]).
+pub const EXACT_BLOCK_MAX: u64 = 1024;
 
 /// Checks `opts` and predicts: step samples, whole runs, the guarantees and the p95 critical
 /// path. `progress` is called once per step sample.
@@ -96,6 +113,16 @@ pub fn predict(
     progress: &Progress<'_>,
 ) -> Result<Prediction, Error> {
     use rayon::prelude::*;
+    let iterations = (opts.tokens / job.tokens_per_iteration() as f64).ceil();
+    if !(iterations >= 1.0 && iterations <= MAX_ITERATIONS as f64) {
+        return Err(Error::Invalid(format!(
+            "tokens: {:e} tokens at {} tokens per iteration make {iterations:e} iterations; a \
+             run must have between 1 and {MAX_ITERATIONS:e} iterations",
+            opts.tokens,
+            job.tokens_per_iteration()
+        )));
+    }
+    let iterations = iterations as u64;
     let (seed, clusters) = (opts.seed, opts.clusters.clamp(1, opts.samples.max(1)));
     let (step_samples, method, step_model) = sample_steps(
         job,
@@ -108,6 +135,14 @@ pub fn predict(
         base_opts,
         progress,
     )?;
+    if let Some(t) = (step_samples.iter()).find(|t| !(t.is_finite() && **t <= MAX_STEP_S)) {
+        return Err(Error::Invalid(format!(
+            "[variability]: a sampled iteration takes {t} s, not a finite time within {:.1} days: \
+             a time-factor distribution (gpu_speed, kernel_jitter, comm_regime or a fitted table) \
+             draws factors far too large",
+            MAX_STEP_S / 86400.0
+        )));
+    }
     let mut steps = step_samples.clone();
     steps.sort_by(f64::total_cmp);
     let step = stats::summarize(&steps);
@@ -122,10 +157,11 @@ pub fn predict(
         step_model.as_ref(),
     )?;
     // Whole runs.
-    let iterations = (opts.tokens / job.tokens_per_iteration() as f64).ceil() as u64;
     // A run is played out in blocks of `block` iterations, each the exact sum of `block`
-    // draws from the step-time samples (iterations rounded up to a whole number of blocks).
+    // draws from the step-time samples (iterations rounded up to a whole number of blocks), or
+    // past EXACT_BLOCK_MAX iterations per block, a central-limit draw.
     let block = iterations.div_ceil(4096).max(1);
+    let block_exact = block <= EXACT_BLOCK_MAX;
     let model = RunModel {
         steps: iterations.div_ceil(block),
         gpus: job.num_gpus(),
@@ -150,21 +186,48 @@ pub fn predict(
             let own = &by_cluster[(r % clusters) as usize];
             let one =
                 |rng: &mut rand_xoshiro::Xoshiro256PlusPlus| own[rng.random_range(0..own.len())];
-            let mut sampler = reliability::exact_block(one, block);
-            reliability::simulate_run(&mut sampler, &model, &mut rng)
+            if block_exact {
+                let mut sampler = reliability::exact_block(one, block);
+                reliability::simulate_run(&mut sampler, &model, &mut rng)
+            } else {
+                let n = own.len() as f64;
+                let mean = own.iter().sum::<f64>() / n;
+                let var = own.iter().map(|t| (t - mean) * (t - mean)).sum::<f64>() / n;
+                let sd = var.sqrt();
+                let mut sampler = reliability::clt_block(mean, sd, block);
+                reliability::simulate_run(&mut sampler, &model, &mut rng)
+            }
         })
         .collect();
-    let mut totals: Vec<f64> = outcomes.iter().map(|o| o.total_s).collect();
+    let abandoned_runs = outcomes.iter().filter(|o| !o.completed).count() as u64;
+    if abandoned_runs == outcomes.len() as u64 {
+        return Err(Error::Invalid(format!(
+            "[variability.failures]: all {} runs were abandoned: failures come too often for \
+             training to progress (more than {} interruptions, or no checkpoint kept); \
+             there is no training time to report. Lower rate_per_gpu_hour or shorten \
+             checkpoint_interval_s",
+            outcomes.len(),
+            reliability::MAX_INTERRUPTIONS
+        )));
+    }
+    let mut totals: Vec<f64> = (outcomes.iter())
+        .filter(|o| o.completed)
+        .map(|o| o.total_s)
+        .collect();
     totals.sort_by(f64::total_cmp);
     let total = stats::summarize(&totals);
-    let interruptions =
-        outcomes.iter().map(|o| o.interruptions as f64).sum::<f64>() / outcomes.len() as f64;
-    let effective_ratio = outcomes
-        .iter()
+    // The guarantee counts an abandoned run as one that never finishes.
+    let mut bounded = totals.clone();
+    bounded.resize(outcomes.len(), f64::INFINITY);
+    let completed = || outcomes.iter().filter(|o| o.completed);
+    let kept = completed().count() as f64;
+    let interruptions = completed().map(|o| o.interruptions as f64).sum::<f64>() / kept;
+    let effective_ratio = completed()
         .map(reliability::effective_training_ratio)
         .sum::<f64>()
-        / outcomes.len() as f64;
-    let guarantee_s = stats::guarantee(&totals, opts.quantile, opts.confidence);
+        / kept;
+    let guarantee_s =
+        stats::guarantee(&bounded, opts.quantile, opts.confidence).filter(|t| t.is_finite());
     let step_guarantee_s = stats::guarantee(&steps, opts.quantile, opts.confidence);
     Ok(Prediction {
         iterations,
@@ -180,8 +243,14 @@ pub fn predict(
         guarantee_s,
         step_guarantee_s,
         p95,
+        block,
+        block_exact,
+        abandoned_runs,
     })
 }
+
+/// The longest iteration a prediction accepts, seconds: the engine's time range.
+const MAX_STEP_S: f64 = prism_core::units::TIME_LIMIT as f64 * 1e-12;
 
 /// Applies a `prism fit` distribution table (`[variability.distributions] table`): a row named
 /// after an op class (or `all`) becomes that class's kernel jitter, a row named after a kernel

@@ -1,0 +1,158 @@
+//! Hostile inputs (issue 13): each gets a correct result or a clear error naming the key and
+//! the rule, within 10 s under a 4 GiB address-space limit; never a panic, abort or hang.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Runs prism under `ulimit -v 4 GiB` and a 10 s time-out.
+fn prism_limited(args: &[&str]) -> Output {
+    Command::new("bash")
+        .arg("-c")
+        .arg("ulimit -v 4194304; exec timeout 10 \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_prism"))
+        .args(args)
+        .output()
+        .expect("run prism")
+}
+
+/// An error exit (2 or 1), not a panic (101), a kill or a time-out (124), with `needle` in
+/// the message.
+fn refused(args: &[&str], needle: &str) {
+    let o = prism_limited(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let code = o.status.code();
+    assert!(
+        matches!(code, Some(1) | Some(2)),
+        "{args:?}: exit {code:?}, stderr: {err}"
+    );
+    assert!(err.contains(needle), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
+fn file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("prism-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn cluster_figures_out_of_physical_bounds_name_the_key() {
+    for (set, key) in [
+        ("cluster.nvlink_gbps=1e-12", "cluster.nvlink_gbps"),
+        ("cluster.hbm_tbps=1e-15", "cluster.hbm_tbps"),
+        ("cluster.peak_tflops_bf16=1e-15", "cluster.peak_tflops_bf16"),
+        ("cluster.nic_latency_us=1e15", "cluster.nic_latency_us"),
+        ("cluster.nic_gbps=1e-9", "cluster.nic_gbps"),
+    ] {
+        refused(&["simulate", "--set", set], key);
+    }
+}
+
+#[test]
+fn time_beyond_the_engine_range_is_an_error() {
+    // Every model size at its documented maximum, inside every cluster bound.
+    let maxed = file(
+        "maxsize.toml",
+        "[model]\npreset = \"llama3-8b\"\nlayers = 4096\nhidden = 131072\nffn_hidden = 1048576\n\
+         heads = 16384\nkv_heads = 16384\nvocab = 16777216\nseq_len = 16777216\n\
+         [cluster]\npreset = \"dgx-h100\"\nnodes = 2\n[parallel]\ntp = 2\npp = 2\n\
+         [training]\nglobal_batch = 16\n",
+    );
+    refused(
+        &["simulate", maxed.to_str().unwrap(), "--allow-oom"],
+        "longer than 26.7 days",
+    );
+}
+
+#[test]
+fn graphs_past_the_size_limit_are_refused_by_key() {
+    let big = file(
+        "many-micro-batches.toml",
+        "[model]\npreset = \"llama3-8b\"\nseq_len = 2048\n[cluster]\npreset = \"dgx-h200\"\n\
+         nodes = 1\n[parallel]\ntp = 4\npp = 1\n[training]\nglobal_batch = 65536\n",
+    );
+    refused(
+        &["simulate", big.to_str().unwrap()],
+        "training.global_batch",
+    );
+    refused(
+        &[
+            "predict",
+            big.to_str().unwrap(),
+            "--tokens",
+            "1e12",
+            "--samples",
+            "2",
+        ],
+        "training.global_batch",
+    );
+}
+
+fn variability(name: &str, from: &str, to: &str) -> PathBuf {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/variability.toml"
+    ))
+    .unwrap();
+    assert!(text.contains(from));
+    file(name, &text.replace(from, to))
+}
+
+#[test]
+fn non_finite_step_times_are_errors() {
+    let speed = "gpu_speed = { dist = \"normal\", mean = 1.0, std = 0.03 }";
+    for (i, to) in [
+        "gpu_speed = { dist = \"normal\", mean = 1.0, std = 1e300 }",
+        "gpu_speed = { dist = \"lognormal\", mu = 700, sigma = 0.1 }",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let f = variability(&format!("speed-{i}.toml"), speed, to);
+        refused(
+            &[
+                "predict",
+                f.to_str().unwrap(),
+                "--tokens",
+                "1e12",
+                "--samples",
+                "8",
+                "--runs",
+                "20",
+            ],
+            "[variability]",
+        );
+    }
+}
+
+#[test]
+fn abandoned_runs_are_reported_not_timed() {
+    let f = variability(
+        "failures.toml",
+        "rate_per_gpu_hour = 2e-5",
+        "rate_per_gpu_hour = 1e6",
+    );
+    refused(
+        &[
+            "predict",
+            f.to_str().unwrap(),
+            "--tokens",
+            "1e12",
+            "--samples",
+            "8",
+            "--runs",
+            "20",
+        ],
+        "abandoned",
+    );
+}
+
+#[test]
+fn absurd_token_counts_are_refused_at_once() {
+    refused(
+        &["predict", "--tokens", "1e300", "--samples", "4"],
+        "tokens",
+    );
+}
