@@ -263,7 +263,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         }
     }
     let kernel_table = match &loaded.kernel_table {
-        Some(path) => Some(prism_io::kernel_table::read_kernel_table(path)?),
+        Some(path) => Some(prism_io::kernel_table::read_kernel_table_for(path, &base)?),
         None => None,
     };
     // 5 (first, so a bad request fails fast). Slow-GPU placements in the job's own layout.

@@ -203,7 +203,7 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
         check_memory(job)?;
     }
     let kernel_table = match &loaded.kernel_table {
-        Some(path) => Some(prism_io::kernel_table::read_kernel_table(path)?),
+        Some(path) => Some(prism_io::kernel_table::read_kernel_table_for(path, job)?),
         None => None,
     };
     let mode = match (&args.ranks, args.reduced) {

@@ -110,7 +110,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     );
     bar.set_prefix("predict");
     let kernel_table = match &loaded.kernel_table {
-        Some(path) => Some(prism_io::kernel_table::read_kernel_table(path)?),
+        Some(path) => Some(prism_io::kernel_table::read_kernel_table_for(path, job)?),
         None => None,
     };
     let base_opts = SimOptions {

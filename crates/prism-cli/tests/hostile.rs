@@ -156,3 +156,78 @@ fn absurd_token_counts_are_refused_at_once() {
         "tokens",
     );
 }
+
+/// A Kineto trace with one GEMM, `aten::mm` of [8192, 4096] x [4096, 2048] (shape key
+/// `8192x2048x4096`: FC1 of the Megatron A100 job), whose kernel ran `us` microseconds.
+fn one_gemm_trace(name: &str, us: f64) -> PathBuf {
+    let text = format!(
+        r#"{{"deviceProperties": [{{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}}],
+"traceEvents": [
+ {{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 10000, "args": {{}}}},
+ {{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 40,
+   "args": {{"Input Dims": [[8192, 4096], [4096, 2048]], "Input type": ["c10::BFloat16", "c10::BFloat16"]}}}},
+ {{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 20, "dur": 1, "args": {{"correlation": 1}}}},
+ {{"ph": "X", "cat": "kernel", "name": "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_nn", "pid": 0, "tid": 7, "ts": 100, "dur": {us},
+   "args": {{"correlation": 1, "stream": 7, "device": 0}}}}
+]}}"#
+    );
+    file(name, &text)
+}
+
+fn compute_s(job: &std::path::Path) -> f64 {
+    let o = prism_limited(&["simulate", job.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["breakdown"]["compute_s"].as_f64().unwrap()
+}
+
+/// `profile import` -> `[cost] kernel_table` -> a changed, correct iteration: the imported
+/// `gemm` row prices every GEMM of its shape, and the compute time moves by exactly the
+/// measured difference times the number of such GEMMs (forward and recomputed: a whole count).
+#[test]
+fn imported_kernel_tables_change_the_iteration_correctly() {
+    let job_text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../validation/kineto/megatron-gpt-tp8-a100.toml"
+    ))
+    .unwrap();
+    let mut times = Vec::new();
+    for (i, us) in [1000.0, 2000.0].into_iter().enumerate() {
+        let trace = one_gemm_trace(&format!("gemm-{i}.json"), us);
+        let table = trace.with_extension("csv");
+        let o = prism_limited(&[
+            "profile",
+            "import",
+            trace.to_str().unwrap(),
+            "--out",
+            table.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let csv = std::fs::read_to_string(&table).unwrap();
+        assert!(csv.contains("gemm,8192x2048x4096,bf16"), "{csv}");
+        let job = file(
+            &format!("kt-job-{i}.toml"),
+            &format!(
+                "{job_text}\n[cost]\nkernel_table = \"{}\"\n",
+                table.display()
+            ),
+        );
+        times.push(compute_s(&job));
+    }
+    let plain = file("kt-job-plain.toml", &job_text);
+    let base = compute_s(&plain);
+    assert!(times[0] != base, "the table changed nothing");
+    // 1 ms more per GEMM of the shape: a whole number (>= the 40 layers' FC1) of milliseconds.
+    let n = (times[1] - times[0]) / 1e-3;
+    assert!(n >= 39.5 && (n - n.round()).abs() < 1e-6, "{n}");
+    // A row no kernel of the job can use is refused by name.
+    let bad = file(
+        "nonsense.csv",
+        "op,shape,dtype,seconds\nnonsense_op,1x2x3,bf16,0.001\n",
+    );
+    let job = file(
+        "kt-job-bad.toml",
+        &format!("{job_text}\n[cost]\nkernel_table = \"{}\"\n", bad.display()),
+    );
+    refused(&["simulate", job.to_str().unwrap()], "nonsense_op");
+}

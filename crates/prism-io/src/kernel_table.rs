@@ -9,7 +9,9 @@
 //! "rmsnorm_fwd",268435456B,bf16,95.2
 //! ```
 //!
-//! * `op`: the kernel name as the graph builder emits it (`ComputeOp::name`);
+//! * `op`: the kernel name as the graph builder emits it (`ComputeOp::name`), or `gemm`: every
+//!   GEMM of the row's shape whose own name has no row (a profiler trace knows shapes, not
+//!   layer ops; `prism profile import` writes these). [`read_kernel_table_for`] refuses other names;
 //! * `shape`: the canonical key of [`prism_core::cost::compute::shape_key`]: `MxNxK` or
 //!   `BxMxNxK` for GEMMs, `b{batch}h{heads}q{seq_q}k{seq_kv}d{head_dim}{c|n}` for attention,
 //!   `{bytes}B` for memory-bound kernels;
@@ -54,6 +56,16 @@ pub enum KernelTableError {
         #[source]
         source: std::io::Error,
     },
+    /// A row names an op no kernel of the job has.
+    #[error("{path}: op `{op}`: {rule}")]
+    UnknownOp {
+        /// The file.
+        path: String,
+        /// The op name.
+        op: String,
+        /// The rule broken.
+        rule: String,
+    },
     /// A row broke a rule.
     #[error("{path}:{line}: {rule}")]
     Row {
@@ -64,6 +76,37 @@ pub enum KernelTableError {
         /// The rule broken, with the offending value.
         rule: String,
     },
+}
+
+/// Reads a kernel table from a CSV file for `job`: every row's op must name a kernel of the
+/// job's graph or be the class row `gemm` (any GEMM of that shape, as `prism profile import`
+/// writes), else the table is refused (a row no op can use is a mistake, not a no-op).
+pub fn read_kernel_table_for(
+    path: &Path,
+    job: &prism_core::job::Job,
+) -> Result<KernelTable, KernelTableError> {
+    let table = read_kernel_table(path)?;
+    if prism_core::graph::size_check(job).is_err() {
+        // Too large to build: the simulation refuses the job itself.
+        return Ok(table);
+    }
+    let graph = prism_core::graph::ExecutionGraph::build(job);
+    let known = graph.kernel_names();
+    let unknown = table.unknown_ops(&known);
+    if let Some(op) = unknown.first() {
+        let some: Vec<&str> = known.iter().copied().take(8).collect();
+        return Err(KernelTableError::UnknownOp {
+            path: path.display().to_string(),
+            op: op.to_string(),
+            rule: format!(
+                "{} op name(s) name no kernel of this job (first: `{op}`); an op is a kernel name \
+                 the graph emits ({}, ...) or `gemm` for every GEMM of the row's shape",
+                unknown.len(),
+                some.join(", ")
+            ),
+        });
+    }
+    Ok(table)
 }
 
 /// Reads a kernel table from a CSV file.

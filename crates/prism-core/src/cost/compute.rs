@@ -314,6 +314,15 @@ impl KernelTable {
         self.len == 0
     }
 
+    /// The table's op names that are neither in `known` (the kernel names of a job's graph) nor
+    /// the class row [`GEMM_CLASS_ROW`]: rows no op of the job can ever use.
+    pub fn unknown_ops(&self, known: &std::collections::BTreeSet<&str>) -> Vec<&str> {
+        (self.entries.keys())
+            .map(String::as_str)
+            .filter(|o| *o != GEMM_CLASS_ROW && !known.contains(o))
+            .collect()
+    }
+
     /// Entries in key order: `(op, shape, dtype, seconds)`.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str, &str, f64)> {
         self.entries.iter().flat_map(|(o, shapes)| {
@@ -325,6 +334,10 @@ impl KernelTable {
         })
     }
 }
+
+/// The op name of a kernel-table row that prices every GEMM of its shape whose own name has no
+/// row (what `prism profile import` writes: a trace knows shapes, not layer ops).
+pub const GEMM_CLASS_ROW: &str = "gemm";
 
 /// Canonical shape key of a kernel's work, used by [`KernelTable`]:
 ///
@@ -413,10 +426,21 @@ impl ComputeModel {
     pub fn time_s(&self, op: &ComputeOp) -> f64 {
         let fp8 = self.runs_fp8(op);
         let dtype = if fp8 { "fp8" } else { "bf16" };
-        if let Some(table) = self.table.as_ref().filter(|t| t.has_op(op.name))
-            && let Some(t) = table.get(op.name, &shape_key(&op.work), dtype)
-        {
-            return t + self.params.launch_overhead_s;
+        if let Some(table) = self.table.as_ref() {
+            // The kernel's own row, else (a GEMM) the class row `gemm` of the same shape: a
+            // profiler trace knows a GEMM's shape but not which layer op launched it.
+            let key = || shape_key(&op.work);
+            let own = (table.has_op(op.name))
+                .then(|| table.get(op.name, &key(), dtype))
+                .flatten();
+            let class = || {
+                (op.class == OpClass::Gemm && table.has_op(GEMM_CLASS_ROW))
+                    .then(|| table.get(GEMM_CLASS_ROW, &key(), dtype))
+                    .flatten()
+            };
+            if let Some(t) = own.or_else(class) {
+                return t + self.params.launch_overhead_s;
+            }
         }
         if op.class == OpClass::Framework {
             return self.params.layer_overhead_s;
