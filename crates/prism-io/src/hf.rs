@@ -13,8 +13,9 @@
 //! | `num_key_value_heads` | kv_heads (default: heads) |
 //! | `head_dim` | head_dim (default: hidden / heads) |
 //! | `vocab_size` | vocab |
-//! | `max_position_embeddings` | seq_len (a job may override it) |
-//! | `hidden_act` | `silu` -> swiglu, `gelu*` -> gelu (default `silu`) |
+//! | `max_position_embeddings` | seq_len of the model alone; a job must give its own `seq_len` (the longest context is not the training length) |
+//! | `hidden_act` | `silu`, `swish`, `relu` or `gelu*`: the MLP of these model types is always gated (three matrices), so each is `swiglu` in cost |
+//! | `sliding_window` (with `use_sliding_window`) | a window shorter than the job's `seq_len` is refused by name (sliding-window attention is not modelled) |
 //! | `tie_word_embeddings` | tied_embeddings (default false) |
 //! | `num_local_experts`, `num_experts_per_tok` | Mixtral experts and top-k |
 
@@ -68,6 +69,19 @@ struct HfConfig {
     hidden_dropout: Option<f64>,
     num_local_experts: Option<u32>,
     num_experts_per_tok: Option<u32>,
+    sliding_window: Option<u32>,
+    use_sliding_window: Option<bool>,
+}
+
+/// The attention window a config turns on (`sliding_window`, active unless
+/// `use_sliding_window = false`, which Qwen2 configs set), or `None`. The caller compares it
+/// with the training sequence length: a window shorter than the sequence is not modelled.
+pub fn sliding_window(text: &str) -> Option<u32> {
+    let cfg: HfConfig = serde_json::from_str(text).ok()?;
+    match (cfg.sliding_window, cfg.use_sliding_window) {
+        (Some(w), None | Some(true)) => Some(w),
+        _ => None,
+    }
 }
 
 fn model_type_from_arch(arch: &str) -> Option<&'static str> {
@@ -191,15 +205,17 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
             hidden / heads
         }
     };
+    // Every supported model type has a gated MLP (gate, up and down projections); the
+    // activation only picks the elementwise function of the gate, which costs the same.
     let act = cfg.hidden_act.as_deref().unwrap_or("silu");
     let activation = match act {
-        "silu" | "swish" => Activation::SwiGlu,
-        a if a.starts_with("gelu") => Activation::Gelu,
+        "silu" | "swish" | "relu" => Activation::SwiGlu,
+        a if a.starts_with("gelu") => Activation::SwiGlu,
         other => {
             return Err(HfConfigError::new(
                 origin,
                 "hidden_act",
-                format!("unsupported activation `{other}`; supported: silu, gelu*"),
+                format!("unsupported activation `{other}`; supported: silu, swish, relu, gelu*"),
             ));
         }
     };

@@ -1698,6 +1698,8 @@ fn build_model(
     };
     let preset = g.str("preset")?;
     let hf_config = g.str("hf_config")?;
+    // The HF config's active attention window, checked against the sequence length below.
+    let mut hf_window = None;
     let mut fields: BTreeMap<&'static str, Entry> = match (preset, hf_config) {
         (Some(_), Some(_)) => {
             let e = g.entry("hf_config").expect("present");
@@ -1740,6 +1742,19 @@ fn build_model(
             let m = hf::model_from_hf_config(&text, &shown).map_err(|he| {
                 ctx.at_value(&e.src, "model.hf_config", format!("bad HF config: {he}"))
             })?;
+            if !section.fields.iter().any(|(k, _)| *k == "seq_len") {
+                return Err(ctx.at_value(
+                    &e.src,
+                    "model.seq_len",
+                    format!(
+                        "required with model.hf_config: the config's max_position_embeddings \
+                         ({}) is the longest context the model supports, not the training \
+                         sequence length; set seq_len in [model]",
+                        m.seq_len
+                    ),
+                ));
+            }
+            hf_window = hf::sliding_window(&text).map(|w| (w, e.src.clone()));
             model_fields(&m, &Src::Hf(shown))
         }
         (None, None) => BTreeMap::new(),
@@ -1774,6 +1789,19 @@ fn build_model(
     };
     let vocab = req("vocab")?;
     let seq_len = req("seq_len")?;
+    if let Some((w, src)) = &hf_window
+        && *w < seq_len
+    {
+        return Err(ctx.at_value(
+            src,
+            "model.hf_config",
+            format!(
+                "sliding_window = {w} is shorter than seq_len = {seq_len}: sliding-window \
+                 attention is not modelled (each token would attend to {w} positions, not up \
+                 to {seq_len}), so it is refused rather than overcounted; use seq_len <= {w}"
+            ),
+        ));
+    }
     let activation = g
         .choice(
             "activation",

@@ -589,7 +589,7 @@ fn hf_config_errors_name_the_json_path() {
     let e = model_from_hf_config("{}", "e.json").unwrap_err();
     assert_eq!(e.path, "model_type");
     let mut cfg: serde_json::Value = serde_json::from_str(&read("mistral-7b.json")).unwrap();
-    cfg["hidden_act"] = "relu".into();
+    cfg["hidden_act"] = "softplus".into();
     let e = model_from_hf_config(&cfg.to_string(), "r.json").unwrap_err();
     assert_eq!(e.path, "hidden_act");
     cfg["hidden_act"] = "silu".into();
@@ -995,6 +995,35 @@ fn set_overrides_work() {
     assert_eq!(job.model.heads, 28);
 }
 
+/// HF fields that change cost are honoured or refused by name: the training sequence length
+/// must be given (not taken from max_position_embeddings), and an active sliding window
+/// shorter than it is refused.
+#[test]
+fn hf_sequence_length_and_sliding_window() {
+    let mistral = data("hf/mistral-7b.json");
+    let qwen = data("hf/qwen2-7b.json");
+    let set = |p: &std::path::Path| format!("model.hf_config={}", p.display());
+    // No seq_len: refused, naming the key.
+    fails(
+        SMALL,
+        &[&set(&qwen)],
+        "model.seq_len",
+        &["required with model.hf_config", "131072"],
+    );
+    // Mistral 7B v0.1: window 4096 < 32768.
+    fails(
+        SMALL,
+        &[&set(&mistral), "model.seq_len=32768"],
+        "model.hf_config",
+        &["sliding_window = 4096", "seq_len = 32768"],
+    );
+    let job = ok(SMALL, &[&set(&mistral), "model.seq_len=4096"]).job;
+    assert_eq!(job.model.seq_len, 4096);
+    // Qwen2 sets use_sliding_window = false: no window, any length.
+    let job = ok(SMALL, &[&set(&qwen), "model.seq_len=32768"]).job;
+    assert_eq!(job.model.seq_len, 32768);
+}
+
 #[test]
 fn dp_derived_when_omitted() {
     let job = ok(SMALL, &[]).job;
@@ -1199,7 +1228,8 @@ fn hf_fixtures_parse() {
     cfg["_name_or_path"] = "mistralai/Mistral-7B-v0.1".into();
     cfg["tie_word_embeddings"] = true.into();
     let m = model_from_hf_config(&cfg.to_string(), "config.json").unwrap();
-    assert_eq!(m.activation, Activation::Gelu);
+    // Llama-family MLPs are gated whatever the activation: three matrices, as swiglu.
+    assert_eq!(m.activation, Activation::SwiGlu);
     assert_eq!(m.head_dim, 128);
     assert!(m.tied_embeddings);
     assert_eq!(m.name, "mistralai/Mistral-7B-v0.1");
