@@ -250,13 +250,19 @@ impl ExecutionGraph {
     }
 
     /// The op count [`ExecutionGraph::build`] would give `job` (every stage program together),
-    /// without building it: a program grows by the same ops with each micro-batch past the
-    /// warm-up, so two small builds (`2 pp` and `4 pp` micro-batches) give the line. Exact for
-    /// the schedules Prism builds; a small job is simply built and counted.
+    /// without building it: a program grows by the same ops with each micro-batch (each
+    /// micro-batch's forward and backward emit a fixed set of ops, whatever the order), so two
+    /// small builds (`u` and `2u` micro-batches, `u = pp` for the interleaved schedule, else 1)
+    /// give the line. Exact for the schedules Prism builds; a small job is simply built and
+    /// counted.
     pub fn estimate_ops(job: &Job) -> u64 {
         let m = job.micro_batches();
-        let pp = job.parallel.pp as u64;
-        let (m1, m2) = (2 * pp, 4 * pp);
+        let unit = if job.parallel.schedule == crate::job::Schedule::Interleaved {
+            job.parallel.pp as u64
+        } else {
+            1
+        };
+        let (m1, m2) = (unit, 2 * unit);
         let with_micro_batches = |mb: u64| -> Option<u64> {
             let per = job.parallel.dp as u64 * job.parallel.micro_batch as u64;
             let mut j = job.clone();
@@ -270,6 +276,14 @@ impl ExecutionGraph {
             return c1.saturating_add(slope.saturating_mul(m - m1));
         }
         Self::build(job).total_ops()
+    }
+
+    /// A lower bound of [`ExecutionGraph::estimate_ops`] that costs nothing: every layer of
+    /// every micro-batch emits at least [`MIN_OPS_PER_LAYER`] ops (forward and backward).
+    pub fn min_ops(job: &Job) -> u64 {
+        job.micro_batches()
+            .saturating_mul(job.model.layers as u64)
+            .saturating_mul(MIN_OPS_PER_LAYER)
     }
 
     pub fn build(job: &Job) -> Self {
@@ -322,10 +336,18 @@ struct MsgTag {
 /// ([`size_check`]).
 pub const MAX_OPS: u64 = 7_000_000;
 
+/// Ops every layer of every micro-batch emits at least (forward and backward), whatever the
+/// parallel settings: the bound [`ExecutionGraph::min_ops`] uses (checked by a test).
+pub const MIN_OPS_PER_LAYER: u64 = 10;
+
 /// Refuses a job whose graph would hold more than [`MAX_OPS`] ops, naming the keys that drive
 /// its size.
 pub fn size_check(job: &Job) -> Result<(), String> {
-    let ops = ExecutionGraph::estimate_ops(job);
+    // The free lower bound first, so that a huge job is refused before any build.
+    let ops = match ExecutionGraph::min_ops(job) {
+        lb if lb > MAX_OPS => lb,
+        _ => ExecutionGraph::estimate_ops(job),
+    };
     if ops <= MAX_OPS {
         return Ok(());
     }
@@ -1845,6 +1867,16 @@ mod tests {
             job.validate().unwrap();
             let built = ExecutionGraph::build(&job).total_ops();
             assert_eq!(ExecutionGraph::estimate_ops(&job), built, "{sched:?}");
+        }
+        // The free lower bound holds on the leanest layouts.
+        for (tp, pp) in [(1, 1), (1, 4), (2, 2), (8, 2)] {
+            let mut job = small_job(2, tp, pp, 16 * 12);
+            job.parallel.sequence_parallel = false;
+            job.model.dropout = false;
+            job.validate().unwrap();
+            let built = ExecutionGraph::build(&job).total_ops();
+            assert!(ExecutionGraph::min_ops(&job) <= built, "tp {tp} pp {pp}");
+            assert_eq!(ExecutionGraph::estimate_ops(&job), built, "tp {tp} pp {pp}");
         }
         // The limit names the keys that drive the size.
         let mut big = small_job(2, 2, 2, 4 * 60_000);
