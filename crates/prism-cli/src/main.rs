@@ -165,15 +165,55 @@ fn sample_ranks(job: &Job) -> Vec<u32> {
     v
 }
 
-fn check_memory(job: &Job) -> Result<()> {
+/// Refuses a job whose busiest stage does not fit in GPU memory, naming the job's source and
+/// only the changes that would make it fit.
+fn check_memory(job: &Job, origin: &str) -> Result<()> {
+    use prism_core::job::Recompute;
     let (stage, peak) = memory::peak_memory(job);
     let capacity = job.cluster.gpu.hbm_gib * GIB;
+    let fits = |j: &Job| memory::peak_memory(j).1.total() as f64 <= capacity;
     if peak.total() as f64 > capacity {
+        let p = &job.parallel;
+        let mut fixes: Vec<String> = Vec::new();
+        for (r, name) in [
+            (Recompute::Selective, "selective"),
+            (Recompute::Full, "full"),
+        ] {
+            let mut j = job.clone();
+            j.parallel.recompute = r;
+            if p.recompute != r
+                && fits(&j)
+                && fixes.iter().all(|f| !f.starts_with("parallel.recompute"))
+            {
+                fixes.push(format!("parallel.recompute = \"{name}\""));
+            }
+        }
+        if !p.distributed_optimizer {
+            let mut j = job.clone();
+            j.parallel.distributed_optimizer = true;
+            if fits(&j) {
+                fixes.push("parallel.distributed_optimizer = true".into());
+            }
+        }
+        if p.micro_batch > 1 {
+            let mut j = job.clone();
+            j.parallel.micro_batch = 1;
+            j.training.global_batch = job.training.global_batch;
+            if j.validate().is_ok() && fits(&j) {
+                fixes.push("parallel.micro_batch = 1".into());
+            }
+        }
+        let advice = if fixes.is_empty() {
+            "no single recompute, optimizer or micro-batch change fits it: use more tensor or \
+             pipeline parallelism"
+                .to_string()
+        } else {
+            format!("each of these fits it: {}", fixes.join("; "))
+        };
         bail!(
-            "cluster.hbm_gib: pipeline stage {stage} needs {:.1} GiB per GPU but the GPU has {:.1} GiB \
+            "{origin}: cluster.hbm_gib: pipeline stage {stage} needs {:.1} GiB per GPU but the GPU has {:.1} GiB \
              (weights {:.1} + gradients {:.1} + optimizer {:.1} + activations {:.1} + workspace {:.1} GiB); \
-             use recompute, more tensor/pipeline parallelism, the distributed optimizer or a smaller \
-             micro-batch, or pass --allow-oom to simulate anyway",
+             {advice}; or pass --allow-oom to simulate anyway",
             gib(peak.total()),
             job.cluster.gpu.hbm_gib,
             gib(peak.weights),
@@ -200,7 +240,7 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
     let job = &loaded.job;
     let num_ranks = job.num_gpus() as u32;
     if !args.allow_oom {
-        check_memory(job)?;
+        check_memory(job, &loaded.source)?;
     }
     let kernel_table = match &loaded.kernel_table {
         Some(path) => Some(prism_io::kernel_table::read_kernel_table_for(path, job)?),
@@ -242,10 +282,16 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
         record_ranks,
         ..SimOptions::default()
     };
+    // The trace file is created before the run, so that a bad path fails at once.
+    let trace_file = match &args.trace {
+        Some(path) => Some(
+            File::create(path)
+                .with_context(|| format!("cannot create trace file {}", path.display()))?,
+        ),
+        None => None,
+    };
     let result = prism_core::simulate(job, &opts).context("simulation failed")?;
-    if let Some(path) = &args.trace {
-        let file = File::create(path)
-            .with_context(|| format!("cannot create trace file {}", path.display()))?;
+    if let (Some(path), Some(file)) = (&args.trace, trace_file) {
         let mut w = BufWriter::new(file);
         prism_io::trace::write_chrome_trace(&result, &mut w)
             .and_then(|_| w.flush())
@@ -324,9 +370,10 @@ fn print_summary(
     )?;
     writeln!(
         out,
-        "  model TFLOP/s per GPU   {:>10.1}      MFU {:>5.1}%",
+        "  model TFLOP/s per GPU   {:>10.1}      MFU {:>5.1}%  (Megatron: causal attention in full; {:.1}% counting its unmasked half)",
         s.model_tflops_per_gpu,
-        100.0 * s.mfu
+        100.0 * s.mfu,
+        100.0 * s.mfu_causal
     )?;
     writeln!(
         out,
@@ -393,11 +440,21 @@ fn print_summary(
     }
     if let Some(path) = &args.trace {
         writeln!(out)?;
+        let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        // The browser UI loads JSON traces into tab memory; past about 1 GB it fails.
+        let open = if bytes > 1 << 30 {
+            "too large for the browser: open it with Perfetto's trace_processor \
+             (`trace_processor --httpd FILE`, then https://ui.perfetto.dev), or trace fewer ranks \
+             with --trace-ranks"
+        } else {
+            "open it at https://ui.perfetto.dev"
+        };
         writeln!(
             out,
-            "  trace: {} ({} ranks) - open it at https://ui.perfetto.dev",
+            "  trace: {} ({} ranks, {:.1} MB) - {open}",
             path.display(),
-            r.timelines.len()
+            r.timelines.len(),
+            bytes as f64 / 1e6
         )?;
     }
     Ok(())

@@ -97,7 +97,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     };
     let job = &loaded.job;
     if !args.allow_oom {
-        crate::check_memory(job)?;
+        crate::check_memory(job, &loaded.source)?;
     }
     let v = &variability_of(&loaded)?;
     let seed = args.seed.or(loaded.variability_seed).unwrap_or(1);

@@ -85,6 +85,19 @@ pub fn model_flops_per_iteration(job: &Job) -> f64 {
     3.0 * b * (layers * (gemm + core) + lm_head_forward_flops_per_sequence(job))
 }
 
+/// [`model_flops_per_iteration`] with the attention core counted only where the causal mask
+/// lets a query see a key (`causal_fraction(s, s)` = `(s + 1) / 2s` of it): the convention of
+/// FlashAttention's and torchtitan's FLOP counters, and of the simulated kernels. MFU on it
+/// (`Summary::mfu_causal`) is lower than Megatron's at long sequences.
+pub fn model_flops_per_iteration_causal(job: &Job) -> f64 {
+    let b = job.training.global_batch as f64;
+    let (gemm, core) = layer_forward_flops_per_sequence(job);
+    let s = job.model.seq_len as u64;
+    let core = core * crate::ops::causal_fraction(s, s);
+    let layers = job.model.layers as f64;
+    3.0 * b * (layers * (gemm + core) + lm_head_forward_flops_per_sequence(job))
+}
+
 /// The PaLM (Chowdhery et al. 2022, Appendix B) estimate per iteration:
 /// `6 N T + 12 l hq s T + 6 V h T`, with `T` tokens per iteration, `N` the active
 /// non-embedding parameters (every transformer layer with top-k experts, norms and router;
@@ -133,6 +146,22 @@ mod tests {
         job.parallel.recompute = recompute;
         job.validate().unwrap();
         job
+    }
+
+    #[test]
+    fn causal_convention_removes_the_masked_half_of_attention() {
+        let job = llama3_405b_job();
+        let m = &job.model;
+        let (b, l, s) = (
+            job.training.global_batch as f64,
+            m.layers as f64,
+            m.seq_len as f64,
+        );
+        let hq = m.heads as f64 * m.head_dim as f64;
+        // The masked part of the attention core: 3 x B x l x 4 s^2 hq x (1 - (s + 1) / 2s).
+        let masked = 3.0 * b * l * 4.0 * s * s * hq * (1.0 - (s + 1.0) / (2.0 * s));
+        let diff = model_flops_per_iteration(&job) - model_flops_per_iteration_causal(&job);
+        assert!((diff - masked).abs() <= 1e-9 * masked, "{diff} vs {masked}");
     }
 
     #[test]

@@ -97,8 +97,13 @@ pub struct Summary {
     pub model_tflops_per_gpu: f64,
     /// Hardware FLOP/s per GPU, in TFLOP/s (recompute included).
     pub hardware_tflops_per_gpu: f64,
-    /// Model FLOPs utilisation against the dense peak of the job's precision.
+    /// Model FLOPs utilisation against the dense peak of the job's precision, Megatron's and
+    /// PaLM's convention: causal attention counted in full ([`crate::flops`]).
     pub mfu: f64,
+    /// Model FLOPs utilisation counting only the unmasked half of causal attention
+    /// ([`crate::flops::model_flops_per_iteration_causal`]; FlashAttention's and torchtitan's
+    /// convention).
+    pub mfu_causal: f64,
     /// Hardware FLOPs utilisation.
     pub hfu: f64,
     /// Peak memory of the worst pipeline stage, bytes.
@@ -142,6 +147,7 @@ impl Summary {
             model_tflops_per_gpu: model_flops / t / n / 1e12,
             hardware_tflops_per_gpu: hardware_flops / t / n / 1e12,
             mfu: model_flops / t / n / peak,
+            mfu_causal: crate::flops::model_flops_per_iteration_causal(job) / t / n / peak,
             hfu: hardware_flops / t / n / peak,
             peak_memory_bytes: stage_memory_bytes.iter().copied().max().unwrap_or(0),
             stage_memory_bytes,

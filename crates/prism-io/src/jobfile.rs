@@ -860,6 +860,19 @@ fn apply_override(ctx: &Ctx<'_>, doc: &mut Doc, set: &str) -> Result<(), JobFile
             ));
         }
     };
+    // `--set section.key=` (nothing after `=`) unsets the key: it takes its default, or for
+    // `parallel.dp` is derived again from the GPU count.
+    if text.is_empty() && param.is_none() {
+        match section {
+            None => doc.name = None,
+            Some(sname) => {
+                if let Some(sec) = doc.sections.get_mut(sname) {
+                    sec.fields.remove(field.name);
+                }
+            }
+        }
+        return Ok(());
+    }
     let raw_text = match param {
         Some(p) => p == "dist",
         None => field.ty == Ty::Str,
@@ -1960,6 +1973,17 @@ fn build_cluster(
         "nodes",
         "the number of nodes (a cluster preset gives no node count)",
     )?;
+    // A cluster needs GPUs: checked here, before the parallel sizes are bounded by the count.
+    for (key, v) in [("nodes", nodes), ("gpus_per_node", gpus_per_node)] {
+        if v == 0 {
+            let e = g.entry(key).expect("present");
+            return Err(ctx.at_value(
+                &e.src,
+                &format!("cluster.{key}"),
+                "must be at least 1".to_string(),
+            ));
+        }
+    }
     // Bound the GPU count before anything is derived from it.
     let gpus = u64::from(gpus_per_node) * u64::from(nodes);
     if gpus > MAX_GPUS {

@@ -2,7 +2,7 @@
 //! parallel settings and (for small runs) per-rank timings.
 //!
 //! The keys `iteration_time_s`, `tokens_per_s`, `model_tflops_per_gpu`,
-//! `hardware_tflops_per_gpu`, `mfu`, `hfu`, `peak_memory_bytes`, `bubble_fraction` and `num_gpus`
+//! `hardware_tflops_per_gpu`, `mfu` (Megatron's convention: causal attention counted in full), `mfu_causal` (only its unmasked half), `hfu`, `peak_memory_bytes`, `bubble_fraction` and `num_gpus`
 //! are a public contract. Objects are written with sorted keys, so the output is deterministic.
 
 use prism_core::SimResult;
@@ -93,6 +93,7 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
         "model_tflops_per_gpu": s.model_tflops_per_gpu,
         "hardware_tflops_per_gpu": s.hardware_tflops_per_gpu,
         "mfu": s.mfu,
+        "mfu_causal": s.mfu_causal,
         "hfu": s.hfu,
         "peak_memory_bytes": s.peak_memory_bytes,
         "stage_memory_bytes": s.stage_memory_bytes,

@@ -1024,6 +1024,25 @@ fn hf_sequence_length_and_sliding_window() {
     assert_eq!(job.model.seq_len, 32768);
 }
 
+/// `--set section.key=` unsets the key: `dp` is derived again after the layout changes.
+#[test]
+fn an_empty_override_unsets_the_key() {
+    let job = ok(
+        "[model]\npreset = \"llama3-8b\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 4\n\
+         [parallel]\ntp = 4\npp = 2\ndp = 4\n[training]\nglobal_batch = 64\n",
+        &["parallel.pp=4", "parallel.dp="],
+    )
+    .job;
+    assert_eq!((job.parallel.pp, job.parallel.dp), (4, 2));
+    // nodes = 0 is blamed on the node count, not on a parallel size.
+    fails(
+        SMALL,
+        &["cluster.nodes=0"],
+        "cluster.nodes",
+        &["must be at least 1"],
+    );
+}
+
 #[test]
 fn dp_derived_when_omitted() {
     let job = ok(SMALL, &[]).job;

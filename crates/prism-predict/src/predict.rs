@@ -286,10 +286,22 @@ pub fn with_fit_table(
                 prism_core::graph::ExecutionGraph::build(job).kernel_names()
             });
             if !names.contains(sig.as_str()) {
+                // A measured signature like `gemm_8192x8192x8192`: say which row name applies it.
+                let hint = sig
+                    .split(['_', '-', ':', ' '])
+                    .next()
+                    .filter(|c| OpClass::from_name(c).is_some())
+                    .map(|c| {
+                        format!(
+                            "; to apply this fit to every {c} kernel, name its row `{c}` (jitter \
+                             is per class or per kernel, not per shape)"
+                        )
+                    })
+                    .unwrap_or_default();
                 return Err(Error::Invalid(format!(
                     "{origin}: signature `{sig}` is neither an op class (gemm, attention, norm, \
                      softmax, elementwise, embedding, loss, router, optimizer, framework, all), \
-                     nor `comm`, nor the name of a kernel of this job ({})",
+                     nor `comm`, nor the name of a kernel of this job ({}){hint}",
                     names.iter().copied().collect::<Vec<_>>().join(", ")
                 )));
             }
@@ -764,6 +776,29 @@ mod tests {
 
     /// Samples that cannot differ are simulated once, and every sample still gets exactly the
     /// time its own engine run gives; the progress count is one per sample either way.
+    #[test]
+    fn measured_signatures_are_refused_with_the_row_name_that_applies_them() {
+        let job = prism_core::job::fixtures::small_job(2, 2, 2, 16);
+        let mut table = BTreeMap::new();
+        table.insert(
+            "gemm_8192x8192x8192".to_string(),
+            Dist::LogNormal {
+                mu: -6.5,
+                sigma: 0.04,
+            },
+        );
+        let e = with_fit_table(&job, Variability::default(), &table, "fit.csv").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("gemm_8192x8192x8192") && msg.contains("name its row `gemm`"),
+            "{msg}"
+        );
+        // Renamed as the error says, it applies.
+        let mut renamed = BTreeMap::new();
+        renamed.insert("gemm".to_string(), table["gemm_8192x8192x8192"].clone());
+        assert!(with_fit_table(&job, Variability::default(), &renamed, "fit.csv").is_ok());
+    }
+
     #[test]
     fn identical_iterations_are_simulated_once() {
         let constant = Variability {
