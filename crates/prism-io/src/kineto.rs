@@ -42,6 +42,7 @@ use std::path::Path;
 
 use prism_core::cost::compute::KernelTable;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// The class of one GPU kernel, from its name and launch context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -377,17 +378,18 @@ pub fn classify<'a>(name: &str, context: impl IntoIterator<Item = &'a str>) -> K
 /// A CPU operator or annotation: an interval on one CPU thread.
 struct CpuOp<'a> {
     index: usize,
-    name: &'a str,
-    args: Option<&'a Value>,
+    name: String,
+    /// The operator's `args`, parsed only when a kernel's shape is looked up.
+    args: Option<&'a RawValue>,
     start: f64,
     end: f64,
     parent: Option<usize>,
 }
 
 /// A GPU event before classification.
-struct GpuEvent<'a> {
+struct GpuEvent {
     index: usize,
-    name: &'a str,
+    name: String,
     ts: f64,
     dur: f64,
     stream: u64,
@@ -405,9 +407,37 @@ fn as_u64(v: Option<&Value>) -> Option<u64> {
     })
 }
 
-fn thread_key(ev: &serde_json::Map<String, Value>) -> String {
-    let show = |v: Option<&Value>| v.map_or_else(|| "null".to_owned(), Value::to_string);
-    format!("{}/{}", show(ev.get("pid")), show(ev.get("tid")))
+/// The fields of a trace event the reader uses, each kept as raw JSON until it is needed.
+#[derive(serde::Deserialize)]
+struct RawEvent<'a> {
+    #[serde(borrow)]
+    ph: Option<&'a RawValue>,
+    #[serde(borrow)]
+    cat: Option<&'a RawValue>,
+    #[serde(borrow)]
+    name: Option<&'a RawValue>,
+    #[serde(borrow)]
+    ts: Option<&'a RawValue>,
+    #[serde(borrow)]
+    dur: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pid: Option<&'a RawValue>,
+    #[serde(borrow)]
+    tid: Option<&'a RawValue>,
+    #[serde(borrow)]
+    args: Option<&'a RawValue>,
+}
+
+/// A raw field parsed (it was validated with the whole file, so only `null` is lost).
+fn parse_raw(raw: Option<&RawValue>) -> Option<Value> {
+    serde_json::from_str::<Value>(raw?.get())
+        .ok()
+        .filter(|v| !v.is_null())
+}
+
+fn thread_key(pid: Option<&RawValue>, tid: Option<&RawValue>) -> String {
+    let show = |v: Option<&RawValue>| v.map_or_else(|| "null".to_owned(), |r| r.get().to_owned());
+    format!("{}/{}", show(pid), show(tid))
 }
 
 /// Parses Kineto trace JSON; `origin` names the source in errors (usually the file path).
@@ -417,33 +447,44 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
         at,
         rule,
     };
-    let root: Value = serde_json::from_str(text).map_err(|source| KinetoError::Json {
+    // The trace is read event by event: the root and each event are kept as raw slices of
+    // `text` (validated once), and an event's fields are parsed only when it is used, so memory
+    // stays near the file's size (a parsed `Value` tree is about 20 times larger).
+    let json_err = |source| KinetoError::Json {
         origin: origin.to_owned(),
         source,
-    })?;
-    let (events, prefix) = match &root {
-        Value::Object(map) => match map.get("traceEvents") {
-            Some(Value::Array(a)) => (a, "traceEvents"),
-            Some(_) => {
-                return Err(rule_err(
+    };
+    let not_a_trace = || {
+        rule_err(
+            "$".into(),
+            "a Kineto trace is an object with a \"traceEvents\" array".into(),
+        )
+    };
+    let root: &RawValue = serde_json::from_str(text).map_err(json_err)?;
+    let first = root.get().trim_start().as_bytes().first().copied();
+    let (events, prefix, device_props): (Vec<&RawValue>, &str, Option<Value>) = match first {
+        Some(b'{') => {
+            let map: BTreeMap<String, &RawValue> =
+                serde_json::from_str(root.get()).map_err(json_err)?;
+            let Some(raw) = map.get("traceEvents") else {
+                return Err(not_a_trace());
+            };
+            let events: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(|_| {
+                rule_err(
                     "traceEvents".into(),
                     "must be an array of trace events".into(),
-                ));
-            }
-            None => {
-                return Err(rule_err(
-                    "$".into(),
-                    "a Kineto trace is an object with a \"traceEvents\" array".into(),
-                ));
-            }
-        },
-        Value::Array(a) => (a, ""),
-        _ => {
-            return Err(rule_err(
-                "$".into(),
-                "a Kineto trace is an object with a \"traceEvents\" array".into(),
-            ));
+                )
+            })?;
+            let props = (map.get("deviceProperties"))
+                .and_then(|r| serde_json::from_str::<Value>(r.get()).ok());
+            (events, "traceEvents", props)
         }
+        Some(b'[') => (
+            serde_json::from_str(root.get()).map_err(json_err)?,
+            "",
+            None,
+        ),
+        _ => return Err(not_a_trace()),
     };
     let path = |i: usize, field: &str| {
         if prefix.is_empty() {
@@ -459,8 +500,12 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
     let mut cpu_threads: HashMap<String, Vec<usize>> = HashMap::new();
     let mut steps: Vec<f64> = Vec::new();
 
-    for (i, ev) in events.iter().enumerate() {
-        let Value::Object(ev) = ev else {
+    for (i, raw) in events.iter().enumerate() {
+        let ev = match raw.get().trim_start().as_bytes().first() {
+            Some(b'{') => serde_json::from_str::<RawEvent>(raw.get()).ok(),
+            _ => None,
+        };
+        let Some(ev) = ev else {
             let at = if prefix.is_empty() {
                 format!("[{i}]")
             } else {
@@ -468,11 +513,11 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
             };
             return Err(rule_err(at, "a trace event must be an object".into()));
         };
-        if ev.get("ph").and_then(Value::as_str) != Some("X") {
+        if parse_raw(ev.ph).as_ref().and_then(Value::as_str) != Some("X") {
             continue;
         }
-        let cat = ev
-            .get("cat")
+        let cat = parse_raw(ev.cat)
+            .as_ref()
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_ascii_lowercase();
@@ -483,8 +528,8 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
             "cpu_op" | "user_annotation" | "operator" | "python_function" => Kind::Cpu,
             _ => continue,
         };
-        let name = match ev.get("name") {
-            Some(Value::String(s)) => s.as_str(),
+        let name = match parse_raw(ev.name) {
+            Some(Value::String(s)) => s,
             _ => {
                 return Err(rule_err(
                     path(i, "name"),
@@ -492,22 +537,22 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
                 ));
             }
         };
-        let ts = ev.get("ts").and_then(Value::as_f64);
+        let ts = parse_raw(ev.ts).as_ref().and_then(Value::as_f64);
         let Some(ts) = ts.filter(|t| t.is_finite()) else {
             return Err(rule_err(
                 path(i, "ts"),
                 format!("a \"{cat}\" event needs a finite numeric ts (microseconds)"),
             ));
         };
-        let args = ev.get("args");
-        let arg = |key: &str| args.and_then(|a| a.get(key));
+        let thread = || thread_key(ev.pid, ev.tid);
         if kind == Kind::Launch {
-            if let Some(c) = as_u64(arg("correlation")) {
-                launches.insert(c, (thread_key(ev), ts));
+            let args = parse_raw(ev.args);
+            if let Some(c) = as_u64(args.as_ref().and_then(|a| a.get("correlation"))) {
+                launches.insert(c, (thread(), ts));
             }
             continue;
         }
-        let dur = ev.get("dur").and_then(Value::as_f64);
+        let dur = parse_raw(ev.dur).as_ref().and_then(Value::as_f64);
         let Some(dur) = dur.filter(|d| d.is_finite() && *d >= 0.0) else {
             return Err(rule_err(
                 path(i, "dur"),
@@ -515,30 +560,32 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
             ));
         };
         match kind {
-            Kind::Kernel | Kind::Memory => gpu.push(GpuEvent {
-                index: i,
-                name,
-                ts,
-                dur,
-                stream: as_u64(arg("stream"))
-                    .or_else(|| as_u64(ev.get("tid")))
-                    .unwrap_or(0),
-                correlation: as_u64(arg("correlation")),
-                device: as_u64(arg("device")),
-                memory: kind == Kind::Memory,
-            }),
+            Kind::Kernel | Kind::Memory => {
+                let args = parse_raw(ev.args);
+                let arg = |key: &str| args.as_ref().and_then(|a| a.get(key));
+                let tid = parse_raw(ev.tid);
+                gpu.push(GpuEvent {
+                    index: i,
+                    name,
+                    ts,
+                    dur,
+                    stream: as_u64(arg("stream"))
+                        .or_else(|| as_u64(tid.as_ref()))
+                        .unwrap_or(0),
+                    correlation: as_u64(arg("correlation")),
+                    device: as_u64(arg("device")),
+                    memory: kind == Kind::Memory,
+                })
+            }
             Kind::Cpu => {
                 if name.starts_with("ProfilerStep#") {
                     steps.push(dur);
                 }
-                cpu_threads
-                    .entry(thread_key(ev))
-                    .or_default()
-                    .push(cpu.len());
+                cpu_threads.entry(thread()).or_default().push(cpu.len());
                 cpu.push(CpuOp {
                     index: i,
                     name,
-                    args,
+                    args: ev.args,
                     start: ts,
                     end: ts + dur,
                     parent: None,
@@ -606,19 +653,19 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
         let class = if g.memory {
             KernelClass::Memcpy
         } else {
-            classify(g.name, chain.iter().map(|&o| cpu[o].name))
+            classify(&g.name, chain.iter().map(|&o| cpu[o].name.as_str()))
         };
         let mut shape = None;
         let mut bytes = None;
         let mut source = None;
         for &o in &chain {
             let op = &cpu[o];
+            let args = parse_raw(op.args);
+            let (name, args) = (op.name.as_str(), args.as_ref());
             let found = match class {
-                KernelClass::Gemm => gemm_shape(op.name, op.args).map(|s| shape = Some(s)),
-                KernelClass::Attention => {
-                    attention_shape(op.name, op.args).map(|s| shape = Some(s))
-                }
-                c if c.is_nccl() => comm_bytes(op.name, op.args).map(|b| bytes = Some(b)),
+                KernelClass::Gemm => gemm_shape(name, args).map(|s| shape = Some(s)),
+                KernelClass::Attention => attention_shape(name, args).map(|s| shape = Some(s)),
+                c if c.is_nccl() => comm_bytes(name, args).map(|b| bytes = Some(b)),
                 _ => None,
             };
             if found.is_some() {
@@ -627,21 +674,24 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
             }
         }
         kernels.push(KernelRecord {
-            name: g.name.to_owned(),
+            name: g.name.clone(),
             class,
             duration_s: g.dur / 1e6,
             stream: g.stream,
             shape,
             bytes,
             ts_us: g.ts,
-            op: source.map(|o| cpu[o].name.to_owned()),
+            op: source.map(|o| cpu[o].name.clone()),
             op_index: source.map(|o| cpu[o].index),
         });
     }
     // Keep file order (GPU events were collected in it already).
     debug_assert!(gpu.windows(2).all(|w| w[0].index < w[1].index));
 
-    let device = device_name(&root, gpu.iter().find(|g| !g.memory).and_then(|g| g.device));
+    let device = device_name(
+        device_props.as_ref(),
+        gpu.iter().find(|g| !g.memory).and_then(|g| g.device),
+    );
     let step_s = (!steps.is_empty()).then(|| steps.iter().sum::<f64>() / steps.len() as f64 / 1e6);
     Ok(KinetoTrace {
         kernels,
@@ -658,8 +708,8 @@ enum Kind {
     Cpu,
 }
 
-fn device_name(root: &Value, device: Option<u64>) -> Option<String> {
-    let props = root.get("deviceProperties")?.as_array()?;
+fn device_name(props: Option<&Value>, device: Option<u64>) -> Option<String> {
+    let props = props?.as_array()?;
     let by_id = device.and_then(|d| {
         props
             .iter()
