@@ -460,9 +460,27 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         specs.retain(|s| s.name != "nvlink_efficiency");
     }
     let start: Vec<f64> = specs.iter().map(|s| to_unit(s, (s.get)(&base))).collect();
+    // One tick per objective evaluation (each simulates every training case); the fit and
+    // each fold may overrun their budget by a simplex step.
+    let planned = args.evals
+        + if args.folds >= 2 {
+            args.folds * (args.evals / 2)
+        } else {
+            0
+        };
+    let bar = indicatif::ProgressBar::new(planned as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} evaluations {elapsed} (eta {eta})",
+        )
+        .expect("template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix("calibrate");
     let before = mape(&errors(&cases, &base)?);
     let fit = |train: &[&Case], evals: usize| -> (Vec<f64>, f64) {
         let mut f = |u: &[f64]| {
+            bar.inc(1);
             errors(train, &apply(&base, &specs, u))
                 .map(|e| objective(&e))
                 .unwrap_or(1e9)
@@ -470,23 +488,28 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         nelder_mead(&mut f, &start, evals)
     };
     let (u, _) = fit(&cases, args.evals);
+    if args.folds < 2 {
+        bar.finish_and_clear();
+    }
     let fitted = apply(&base, &specs, &u);
     let fitted_errors = errors(&cases, &fitted)?;
     let in_sample = mape(&fitted_errors);
     let worst = fitted_errors.iter().map(|x| x.abs()).fold(0.0, f64::max);
-    println!(
-        "{generation}: {} cases; MAPE before {before:.2}%, after fit {in_sample:.2}% (in-sample), max |error| {worst:.2}%",
-        cases.len()
-    );
-    for s in &specs {
+    bar.suspend(|| {
         println!(
-            "  {:<22} = {:.4}   (bounds {} .. {})",
-            s.name,
-            (s.get)(&fitted),
-            s.lo,
-            s.hi
+            "{generation}: {} cases; MAPE before {before:.2}%, after fit {in_sample:.2}% (in-sample), max |error| {worst:.2}%",
+            cases.len()
         );
-    }
+        for s in &specs {
+            println!(
+                "  {:<22} = {:.4}   (bounds {} .. {})",
+                s.name,
+                (s.get)(&fitted),
+                s.lo,
+                s.hi
+            );
+        }
+    });
     // 3. Cross-validation.
     if args.folds >= 2 {
         let mut held = Vec::new();
@@ -508,13 +531,16 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
             }
             let (uk, _) = fit(&train, args.evals / 2);
             let e = errors(&test, &apply(&base, &specs, &uk))?;
-            println!(
-                "  fold {k}: {} held-out cases, MAPE {:.2}%",
-                test.len(),
-                mape(&e)
-            );
+            bar.suspend(|| {
+                println!(
+                    "  fold {k}: {} held-out cases, MAPE {:.2}%",
+                    test.len(),
+                    mape(&e)
+                )
+            });
             held.extend(e);
         }
+        bar.finish_and_clear();
         println!(
             "{generation}: cross-validated MAPE {:.2}% over {} held-out predictions ({}-fold)",
             mape(&held),
