@@ -501,17 +501,18 @@ pub fn parse_kineto(text: &str, origin: &str) -> Result<KinetoTrace, KinetoError
     let mut steps: Vec<f64> = Vec::new();
 
     for (i, raw) in events.iter().enumerate() {
-        let ev = match raw.get().trim_start().as_bytes().first() {
-            Some(b'{') => serde_json::from_str::<RawEvent>(raw.get()).ok(),
-            _ => None,
-        };
-        let Some(ev) = ev else {
-            let at = if prefix.is_empty() {
+        let at = || {
+            if prefix.is_empty() {
                 format!("[{i}]")
             } else {
                 format!("{prefix}[{i}]")
-            };
-            return Err(rule_err(at, "a trace event must be an object".into()));
+            }
+        };
+        let ev = match raw.get().trim_start().as_bytes().first() {
+            Some(b'{') => serde_json::from_str::<RawEvent>(raw.get()).map_err(|e| {
+                rule_err(at(), format!("a trace event must not repeat a key ({e})"))
+            })?,
+            _ => return Err(rule_err(at(), "a trace event must be an object".into())),
         };
         if parse_raw(ev.ph).as_ref().and_then(Value::as_str) != Some("X") {
             continue;

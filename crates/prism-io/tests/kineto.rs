@@ -428,3 +428,17 @@ fn synthetic_trace_links_kernels_to_their_operators() {
     let table_text = summary_table(&trace);
     assert!(table_text.contains("nccl_all_reduce"), "{table_text}");
 }
+
+/// The reader parses events one at a time from raw slices; an event repeating a key is refused
+/// with its JSON path rather than one of the values being kept silently.
+#[test]
+fn repeated_keys_in_an_event_are_refused() {
+    let text = r#"{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "a", "name": "b",
+        "ts": 0, "dur": 1}]}"#;
+    let e = prism_io::kineto::parse_kineto(text, "t.json").unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("traceEvents[0]") && msg.contains("repeat a key"),
+        "{msg}"
+    );
+}
