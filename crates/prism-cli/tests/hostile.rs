@@ -231,3 +231,74 @@ fn imported_kernel_tables_change_the_iteration_correctly() {
     );
     refused(&["simulate", job.to_str().unwrap()], "nonsense_op");
 }
+
+#[test]
+fn interleaved_jobs_with_huge_batches_are_refused_by_key() {
+    let job = file(
+        "interleaved.toml",
+        "[model]\npreset = \"gpt-7.5b\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 4\n\
+         [parallel]\ntp = 4\npp = 4\nvpp = 3\nschedule = \"interleaved\"\nrecompute = \"full\"\n\
+         [training]\nglobal_batch = 32000\n",
+    );
+    refused(
+        &["simulate", job.to_str().unwrap()],
+        "training.global_batch",
+    );
+}
+
+#[test]
+fn out_of_memory_names_the_job_and_only_fixes_that_fit() {
+    // The README's deeper pipeline at tp 4 does not fit; full recompute does, selective not.
+    let args = [
+        "simulate",
+        "--reduced",
+        "--set",
+        "parallel.tp=4",
+        "--set",
+        "parallel.pp=32",
+        "--set",
+        "parallel.dp=",
+        "--set",
+        "parallel.first_stage_layers=3",
+        "--set",
+        "parallel.last_stage_layers=3",
+    ];
+    let o = prism_limited(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(matches!(o.status.code(), Some(1) | Some(2)), "{err}");
+    assert!(err.contains("<embedded default>: cluster.hbm_gib"), "{err}");
+    assert!(err.contains("parallel.recompute = \"full\""), "{err}");
+    assert!(!err.contains("\"selective\""), "{err}");
+}
+
+#[test]
+fn the_readme_override_example_runs() {
+    let o = prism_limited(&[
+        "simulate",
+        "--reduced",
+        "--json",
+        "--set",
+        "parallel.pp=32",
+        "--set",
+        "parallel.dp=",
+        "--set",
+        "parallel.first_stage_layers=3",
+        "--set",
+        "parallel.last_stage_layers=3",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["parallel"]["pp"], 32);
+    assert_eq!(v["parallel"]["dp"], 64);
+}
+
+#[test]
+fn an_unwritable_trace_path_fails_before_the_run() {
+    let t0 = std::time::Instant::now();
+    refused(
+        &["simulate", "--trace", "/nonexistent-dir/trace.json"],
+        "cannot create trace file",
+    );
+    // Before the 16,384-GPU full run (seconds), not after it.
+    assert!(t0.elapsed().as_secs_f64() < 2.0);
+}
