@@ -290,7 +290,22 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
         ),
         None => None,
     };
-    let result = prism_core::simulate(job, &opts).context("simulation failed")?;
+    // A spinner while the engine runs (hidden when stderr is not a terminal): a full run of
+    // tens of thousands of ranks takes seconds.
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!(
+        "simulating one iteration of {} GPUs ({})",
+        job.num_gpus(),
+        match &opts.mode {
+            Mode::Full => "every rank",
+            Mode::Reduced => "one representative per stage",
+            Mode::Slice(_) => "a slice of ranks",
+        }
+    ));
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let result = prism_core::simulate(job, &opts).context("simulation failed");
+    spinner.finish_and_clear();
+    let result = result?;
     if let (Some(path), Some(file)) = (&args.trace, trace_file) {
         let mut w = BufWriter::new(file);
         prism_io::trace::write_chrome_trace(&result, &mut w)

@@ -101,9 +101,10 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     }
     let v = &variability_of(&loaded)?;
     let seed = args.seed.or(loaded.variability_seed).unwrap_or(1);
-    let bar = indicatif::ProgressBar::new(args.samples as u64).with_style(
+    // Step samples first, then end-to-end runs.
+    let bar = indicatif::ProgressBar::new(args.samples as u64 + args.runs as u64).with_style(
         indicatif::ProgressStyle::with_template(
-            "{prefix} [{bar:30}] {pos}/{len} iterations {elapsed} (eta {eta})",
+            "{prefix} [{bar:30}] {pos}/{len} samples, then runs {elapsed} (eta {eta})",
         )
         .expect("template")
         .progress_chars("=> "),

@@ -104,7 +104,7 @@ pub const MAX_ITERATIONS: u64 = 10_000_000_000;
 pub const EXACT_BLOCK_MAX: u64 = 1024;
 
 /// Checks `opts` and predicts: step samples, whole runs, the guarantees and the p95 critical
-/// path. `progress` is called once per step sample.
+/// path. `progress` is called once per step sample, then once per end-to-end run.
 pub fn predict(
     job: &Job,
     v: &Variability,
@@ -198,6 +198,7 @@ pub fn predict(
                 reliability::simulate_run(&mut sampler, &model, &mut rng)
             }
         })
+        .inspect(|_| progress(1))
         .collect();
     let abandoned_runs = outcomes.iter().filter(|o| !o.completed).count() as u64;
     if abandoned_runs == outcomes.len() as u64 {
