@@ -302,3 +302,48 @@ fn an_unwritable_trace_path_fails_before_the_run() {
     // Before the 16,384-GPU full run (seconds), not after it.
     assert!(t0.elapsed().as_secs_f64() < 2.0);
 }
+
+/// A 150 MB Kineto trace imports under a 1 GiB address-space limit: the reader keeps raw
+/// slices of the text, not a parsed tree (which took about 20 times the file).
+#[test]
+fn large_traces_import_in_bounded_memory() {
+    use std::io::Write;
+    let path = std::env::temp_dir().join(format!("prism-big-{}.json", std::process::id()));
+    {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        write!(
+            w,
+            r#"{{"deviceProperties": [{{"id": 0, "name": "NVIDIA H100 80GB HBM3"}}], "traceEvents": ["#
+        )
+        .unwrap();
+        let n = 400_000u64;
+        for i in 0..n {
+            let ts = i * 100;
+            write!(
+                w,
+                r#"{{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": {ts}, "dur": 40, "args": {{"Input Dims": [[8192, 4096], [4096, 2048]], "Input type": ["c10::BFloat16", "c10::BFloat16"], "External id": {i}}}}},
+{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": {}, "dur": 1, "args": {{"correlation": {i}}}}},
+{{"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "pid": 0, "tid": 7, "ts": {}, "dur": 30, "args": {{"correlation": {i}, "stream": 7, "device": 0}}}}{}"#,
+                ts + 10,
+                ts + 20,
+                if i + 1 < n { "," } else { "" }
+            )
+            .unwrap();
+        }
+        write!(w, "]}}").unwrap();
+    }
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(size > 150_000_000, "{size}");
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg("ulimit -v 1048576; exec \"$0\" profile import \"$1\" --json")
+        .arg(env!("CARGO_BIN_EXE_prism"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["kernels"], 400_000);
+    assert_eq!(v["table_rows"], 1);
+}
