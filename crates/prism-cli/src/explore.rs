@@ -360,6 +360,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
             "candidates_evaluated": counts.enumerated,
             "rejected_invalid": counts.invalid,
             "rejected_out_of_memory": counts.out_of_memory,
+            "rejected_too_large": counts.too_large,
             "feasible": feasible_count,
             "ranking": ranking,
             "p99_inversions": inv,
@@ -435,6 +436,21 @@ fn set_args(job: &Job) -> Vec<String> {
         format!("parallel.distributed_optimizer={}", p.distributed_optimizer),
         format!("parallel.sequence_parallel={}", p.sequence_parallel),
         format!("parallel.schedule={}", schedule_name(p.schedule)),
+        format!(
+            "parallel.pipeline_layout={}",
+            p.pipeline_layout
+                .as_ref()
+                .map_or(String::new(), |l| l.text.clone())
+        ),
+        format!(
+            "parallel.first_stage_layers={}",
+            p.first_stage_layers
+                .map_or(String::new(), |x| x.to_string())
+        ),
+        format!(
+            "parallel.last_stage_layers={}",
+            p.last_stage_layers.map_or(String::new(), |x| x.to_string())
+        ),
     ]
 }
 
@@ -456,6 +472,7 @@ fn candidate_json(rank: usize, e: &Evaluated, objective: Objective) -> Value {
         "sequence_parallel": p.sequence_parallel,
         "first_stage_layers": p.first_stage_layers,
         "last_stage_layers": p.last_stage_layers,
+        "pipeline_layout": p.pipeline_layout.as_ref().map(|l| l.text.clone()),
         "iteration_time_s": e.iteration_s,
         "tokens_per_s": e.tokens_per_s,
         "mfu": e.mfu,
@@ -497,8 +514,12 @@ fn print_table(
         }
     );
     println!(
-        "  {} layouts enumerated: {} break a job rule, {} do not fit in {:.0} GiB, {feasible} feasible and simulated",
-        counts.enumerated, counts.invalid, counts.out_of_memory, base.cluster.gpu.hbm_gib
+        "  {} layouts enumerated: {} break a job rule, {} do not fit in {:.0} GiB, {} exceed the graph size limit, {feasible} feasible and simulated",
+        counts.enumerated,
+        counts.invalid,
+        counts.out_of_memory,
+        base.cluster.gpu.hbm_gib,
+        counts.too_large
     );
     println!();
     let q = sampling.is_some();
@@ -549,6 +570,9 @@ fn print_table(
         }
         if p.first_stage_layers.is_some() || p.last_stage_layers.is_some() {
             print!("  (uneven split)");
+        }
+        if let Some(l) = &p.pipeline_layout {
+            print!("  (layout {})", l.text);
         }
         println!();
     }

@@ -315,12 +315,91 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {
-        let v = prism_io::report_json::summary_json(&result, job);
+        let mut v = prism_io::report_json::summary_json(&result, job);
+        if let Some(p) = &loaded.published {
+            v["published"] = prism_io::report_json::published_json(p, &result.summary);
+        }
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
     } else {
         print_summary(&mut out, job, &result, &loaded.source, args)?;
+        if let Some(p) = &loaded.published {
+            print_published(&mut out, p, &result.summary)?;
+        }
     }
+    Ok(())
+}
+
+/// The `[published]` figures beside Prism's (nominal and with stragglers).
+fn print_published(
+    out: &mut impl Write,
+    p: &prism_io::jobfile::Published,
+    s: &prism_core::report::Summary,
+) -> Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "  published{}",
+        p.source
+            .as_ref()
+            .map(|x| format!(" ({x})"))
+            .unwrap_or_default()
+    )?;
+    let row = |out: &mut dyn Write,
+               name: &str,
+               x: f64,
+               nominal: f64,
+               expected: f64,
+               unit: &str,
+               higher: bool| {
+        let e = |y: f64| {
+            let e = 100.0 * (y - x) / x;
+            if higher { e } else { -e }
+        };
+        writeln!(
+            out,
+            "    {name:<22}{x:>10.1}{unit}   Prism {nominal:.1} ({:+.1}%), with stragglers {expected:.1} ({:+.1}%)",
+            e(nominal),
+            e(expected)
+        )
+    };
+    if let Some(x) = p.tflops_per_gpu {
+        row(
+            out,
+            "TFLOP/s per GPU",
+            x,
+            s.model_tflops_per_gpu,
+            s.expected_model_tflops_per_gpu,
+            "",
+            true,
+        )?;
+    }
+    if let Some(x) = p.mfu {
+        row(
+            out,
+            "MFU (%)",
+            100.0 * x,
+            100.0 * s.mfu,
+            100.0 * s.expected_mfu,
+            "",
+            true,
+        )?;
+    }
+    if let Some(x) = p.iteration_time_s {
+        row(
+            out,
+            "iteration time (s)",
+            x,
+            s.iteration_time_s,
+            s.expected_iteration_time_s,
+            "",
+            false,
+        )?;
+    }
+    writeln!(
+        out,
+        "    (error: + means Prism predicts a faster run than published)"
+    )?;
     Ok(())
 }
 
@@ -355,10 +434,10 @@ fn print_summary(
         p.ep,
         p.dp,
         schedule_name(job),
-        if p.vpp > 1 {
-            format!(" (vpp {})", p.vpp)
-        } else {
-            String::new()
+        match (&p.pipeline_layout, p.vpp) {
+            (Some(l), v) => format!(" (vpp {v}, layout \"{}\")", l.text),
+            (None, v) if v > 1 => format!(" (vpp {v})"),
+            _ => String::new(),
         },
         p.micro_batch,
         job.micro_batches(),
@@ -395,6 +474,15 @@ fn print_summary(
         "  hardware TFLOP/s / GPU  {:>10.1}      HFU {:>5.1}%",
         s.hardware_tflops_per_gpu,
         100.0 * s.hfu
+    )?;
+    writeln!(
+        out,
+        "  with stragglers         {:>10.3} s   {:.1} TFLOP/s per GPU, MFU {:.1}%  (expected slowest of {} GPUs, speed spread {:.1}%)",
+        s.expected_iteration_time_s,
+        s.expected_model_tflops_per_gpu,
+        100.0 * s.expected_mfu,
+        s.num_gpus,
+        100.0 * job.cluster.gpu_speed_cv
     )?;
     writeln!(
         out,

@@ -259,6 +259,8 @@ fn out_of_memory_names_the_job_and_only_fixes_that_fit() {
         "--set",
         "parallel.dp=",
         "--set",
+        "parallel.pipeline_layout=",
+        "--set",
         "parallel.first_stage_layers=3",
         "--set",
         "parallel.last_stage_layers=3",
@@ -282,14 +284,14 @@ fn the_readme_override_example_runs() {
         "--set",
         "parallel.dp=",
         "--set",
-        "parallel.first_stage_layers=3",
-        "--set",
-        "parallel.last_stage_layers=3",
+        "parallel.pipeline_layout=E|(t|)*126,L",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["parallel"]["pp"], 32);
     assert_eq!(v["parallel"]["dp"], 64);
+    assert_eq!(v["parallel"]["vpp"], 4);
+    assert_eq!(v["parallel"]["pipeline_layout"], "E|(t|)*126,L");
 }
 
 #[test]

@@ -489,18 +489,7 @@ struct Dims {
 
 impl<'a> StageBuilder<'a> {
     fn new(job: &'a Job, stage: u32) -> Self {
-        let p = job.parallel.pp;
-        let v = job.parallel.vpp;
-        let stage_layers = job.stage_layers();
-        let chunk_layers = if v == 1 {
-            let start: u32 = stage_layers[..stage as usize].iter().sum();
-            std::iter::once(start..start + stage_layers[stage as usize]).collect()
-        } else {
-            let per = job.model.layers / (p * v);
-            (0..v)
-                .map(|c| (c * p + stage) * per..(c * p + stage + 1) * per)
-                .collect()
-        };
+        let chunk_layers = job.chunk_layers(stage);
         StageBuilder {
             job,
             stage,

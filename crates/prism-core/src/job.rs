@@ -176,6 +176,9 @@ pub struct Cluster {
     /// One-way latency of one NVLink hop, microseconds.
     pub nvlink_latency_us: f64,
     /// Scale-out topology.
+    /// Coefficient of variation of per-GPU speed (persistent, independent across GPUs), for
+    /// the expected iteration time with stragglers ([`crate::straggler`]).
+    pub gpu_speed_cv: f64,
     pub topology: Topology,
 }
 
@@ -248,6 +251,12 @@ pub struct Parallel {
     /// Layers on the last pipeline stage when the split is uneven
     /// (Megatron `decoder_last_pipeline_num_layers`).
     pub last_stage_layers: Option<u32>,
+    /// A custom layout of layers over the virtual pipeline stages (Megatron-Core
+    /// `--pipeline-model-parallel-layout`); sets `vpp` to its stage count / `pp`.
+    pub pipeline_layout: Option<crate::pipeline_layout::PipelineLayout>,
+    /// Free each model chunk's received input after its forward (the Llama 3 stack, Dubey et
+    /// al. 2024 Sec. 3.3.2); see [`crate::memory::in_flight_activations`].
+    pub deallocate_stage_input: bool,
     /// Gradient bucket size for the data-parallel reduction, in millions of parameters
     /// (Megatron-Core's default bucket is 40 M parameters).
     pub dp_bucket_mparams: f64,
@@ -372,16 +381,22 @@ impl Job {
         tf * 1e12
     }
 
-    /// Layers held by each pipeline rank, in stage order (sum = `model.layers`).
+    /// Decoder layers on each virtual pipeline stage, in virtual-stage order (`pp x vpp`
+    /// entries; virtual stage `s` is model chunk `s / pp` of pipeline rank `s % pp`).
     ///
+    /// A [`PipelineLayout`](crate::pipeline_layout::PipelineLayout) gives them as written;
+    /// `first_stage_layers` / `last_stage_layers` (vpp 1) fix the first and last stage and
+    /// split the rest evenly; otherwise every virtual stage holds `layers / (pp x vpp)`.
     /// Only valid on a validated job.
-    pub fn stage_layers(&self) -> Vec<u32> {
+    pub fn virtual_stage_layers(&self) -> Vec<u32> {
         let p = &self.parallel;
+        if let Some(l) = &p.pipeline_layout {
+            return l.stages.clone();
+        }
         let pp = p.pp as usize;
-        let mut out = vec![0u32; pp];
-        if pp == 1 {
-            out[0] = self.model.layers;
-            return out;
+        if p.vpp > 1 || pp == 1 {
+            let n = pp * p.vpp as usize;
+            return vec![self.model.layers / n as u32; n];
         }
         let first = p.first_stage_layers;
         let last = p.last_stage_layers;
@@ -389,12 +404,41 @@ impl Job {
         let middle_stages = pp as u32 - first.is_some() as u32 - last.is_some() as u32;
         let rest = self.model.layers - fixed;
         let per = rest.checked_div(middle_stages).unwrap_or(0);
-        for (i, slot) in out.iter_mut().enumerate() {
-            *slot = match (i, first, last) {
+        (0..pp)
+            .map(|i| match (i, first, last) {
                 (0, Some(f), _) => f,
                 (i, _, Some(l)) if i == pp - 1 => l,
                 _ => per,
-            };
+            })
+            .collect()
+    }
+
+    /// Global layer range of each model chunk of pipeline rank `stage` (`vpp` ranges; layers
+    /// are numbered in virtual-stage order, as Megatron-Core numbers them).
+    ///
+    /// Only valid on a validated job.
+    pub fn chunk_layers(&self, stage: u32) -> Vec<std::ops::Range<u32>> {
+        let pp = self.parallel.pp as usize;
+        let virt = self.virtual_stage_layers();
+        let mut start = 0u32;
+        let mut out = Vec::with_capacity(self.parallel.vpp as usize);
+        for (s, &n) in virt.iter().enumerate() {
+            if s % pp == stage as usize {
+                out.push(start..start + n);
+            }
+            start += n;
+        }
+        out
+    }
+
+    /// Layers held by each pipeline rank, in stage order (sum = `model.layers`).
+    ///
+    /// Only valid on a validated job.
+    pub fn stage_layers(&self) -> Vec<u32> {
+        let pp = self.parallel.pp as usize;
+        let mut out = vec![0u32; pp];
+        for (s, n) in self.virtual_stage_layers().into_iter().enumerate() {
+            out[s % pp] += n;
         }
         out
     }
@@ -507,6 +551,13 @@ impl Job {
             0.0,
             1e6,
             "us",
+        )?;
+        within(
+            "cluster.gpu_speed_cv",
+            c.gpu_speed_cv,
+            0.0,
+            0.5,
+            "(a fraction)",
         )?;
         positive(
             "cluster.rail_group_nodes",
@@ -666,7 +717,52 @@ impl Job {
 
         // Layer split.
         let uneven = p.first_stage_layers.is_some() || p.last_stage_layers.is_some();
-        if uneven {
+        if let Some(l) = &p.pipeline_layout {
+            let key = "parallel.pipeline_layout";
+            if uneven {
+                let k = if p.first_stage_layers.is_some() {
+                    "parallel.first_stage_layers"
+                } else {
+                    "parallel.last_stage_layers"
+                };
+                return Err(JobError::new(
+                    k,
+                    "cannot be combined with parallel.pipeline_layout (the layout already places \
+                     every layer)",
+                ));
+            }
+            let stages = l.stages.len() as u64;
+            if !stages.is_multiple_of(p.pp as u64) {
+                return Err(JobError::new(
+                    key,
+                    format!(
+                        "has {stages} stages, which is not a multiple of parallel.pp ({})",
+                        p.pp
+                    ),
+                ));
+            }
+            if stages / p.pp as u64 != p.vpp as u64 {
+                return Err(JobError::new(
+                    "parallel.vpp",
+                    format!(
+                        "must equal the layout's stages / pp = {stages} / {} = {} (got {})",
+                        p.pp,
+                        stages / p.pp as u64,
+                        p.vpp
+                    ),
+                ));
+            }
+            if l.decoder_layers() != m.layers as u64 {
+                return Err(JobError::new(
+                    key,
+                    format!(
+                        "places {} decoder layers ('t'), but model.layers is {}",
+                        l.decoder_layers(),
+                        m.layers
+                    ),
+                ));
+            }
+        } else if uneven {
             if p.pp < 2 {
                 return Err(JobError::new(
                     "parallel.first_stage_layers",
@@ -676,7 +772,8 @@ impl Job {
             if p.vpp != 1 {
                 return Err(JobError::new(
                     "parallel.first_stage_layers",
-                    "an uneven pipeline split is supported only with vpp = 1",
+                    "first/last stage layers need vpp = 1; with vpp > 1 give the split as \
+                     parallel.pipeline_layout (Megatron's --pipeline-model-parallel-layout)",
                 ));
             }
             let fixed =
@@ -819,6 +916,7 @@ pub mod fixtures {
             nic_gbps: 400.0,
             nic_latency_us: 5.0,
             nvlink_latency_us: 1.0,
+            gpu_speed_cv: crate::straggler::DEFAULT_GPU_SPEED_CV,
             topology: Topology {
                 rail_group_nodes: 32,
                 oversubscription: 1.0,
@@ -914,6 +1012,8 @@ pub mod fixtures {
                 schedule: Schedule::OneFOneB,
                 first_stage_layers: None,
                 last_stage_layers: None,
+                pipeline_layout: None,
+                deallocate_stage_input: false,
                 dp_bucket_mparams: 40.0,
                 overlap_grad_reduce: true,
                 overlap_param_gather: true,

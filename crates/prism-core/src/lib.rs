@@ -36,7 +36,9 @@ pub mod layout;
 pub mod memory;
 pub mod network;
 pub mod ops;
+pub mod pipeline_layout;
 pub mod report;
+pub mod straggler;
 pub mod units;
 
 pub use engine::{Mode, SimOptions, SimResult, simulate};

@@ -269,6 +269,75 @@ fn interleaved_chunk_peak(p: u64, v: u64, m: u64, rank: u64, chunk: Option<u64>)
     peak
 }
 
+/// Bytes of transformer-layer activations pipeline rank `stage` holds at its peak: the
+/// stage's layers x [`activation_bytes_per_layer`] x [`in_flight_microbatches`] when its model
+/// chunks hold equal layers; with uneven chunks (a pipeline layout), the peak over Megatron's
+/// interleaved order of every chunk's bytes times that chunk's micro-batches in flight.
+///
+/// With `parallel.deallocate_stage_input` (the Llama 3 stack, Dubey et al. 2024 Sec. 3.3.2:
+/// "we proactively deallocate ... the input and output tensors of each pipeline stage"), each
+/// model chunk's received input is freed after its forward: a chunk keeps `2sbh` (`/t` with SP)
+/// less than its layers' sum, the first layer's norm input (an RMSNorm backward needs only its
+/// saved output and reciprocal RMS). Not with full recompute, whose checkpoint that input is.
+pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
+    let p = &job.parallel;
+    let per_layer = activation_bytes_per_layer(job);
+    let input = if p.deallocate_stage_input && p.recompute != Recompute::Full {
+        let m = &job.model;
+        let sb = (m.seq_len / p.cp) as f64 * p.micro_batch as f64;
+        let sp_div = if p.sequence_parallel {
+            p.tp as f64
+        } else {
+            1.0
+        };
+        2.0 * sb * m.hidden as f64 / sp_div
+    } else {
+        0.0
+    };
+    let chunks = job.chunk_layers(stage);
+    let layers: u32 = chunks.iter().map(|r| r.len() as u32).sum();
+    let even = chunks.iter().all(|r| r.len() == chunks[0].len());
+    if even && input == 0.0 {
+        return layers as f64 * in_flight_microbatches(job, stage) * per_layer;
+    }
+    let chunk_bytes = |n: usize| {
+        if n == 0 {
+            0.0
+        } else {
+            n as f64 * per_layer - input
+        }
+    };
+    if p.schedule != Schedule::Interleaved {
+        return chunk_bytes(layers as usize) * in_flight_microbatches(job, stage);
+    }
+    let weights: Vec<f64> = chunks.iter().map(|r| chunk_bytes(r.len())).collect();
+    interleaved_weighted_peak(
+        p.pp as u64,
+        p.vpp as u64,
+        job.micro_batches(),
+        stage as u64,
+        &weights,
+    )
+}
+
+/// Peak of `sum over chunks c of weights[c] x (micro-batches of chunk c in flight)` on pipeline
+/// rank `rank` under Megatron's interleaved 1F1B order (see [`interleaved_chunk_peak`]).
+fn interleaved_weighted_peak(p: u64, v: u64, m: u64, rank: u64, weights: &[f64]) -> f64 {
+    let total = m * v;
+    let warmup = (2 * (p - rank - 1) + (v - 1) * p).min(total);
+    let fwd_chunk = |k: u64| ((k % (p * v)) / p) as usize;
+    let bwd_chunk = |k: u64| (v - 1 - (k % (p * v)) / p) as usize;
+    let (mut live, mut peak) = (0.0f64, 0.0f64);
+    for k in 0..total {
+        live += weights[fwd_chunk(k)];
+        peak = peak.max(live);
+        if k >= warmup {
+            live -= weights[bwd_chunk(k - warmup)];
+        }
+    }
+    peak
+}
+
 /// Micro-batches for which the first (`first = true`) or last model chunk of `stage` holds its
 /// per-micro-batch extras (embedding dropout mask; LM head and loss tensors) at the peak.
 fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
@@ -318,7 +387,7 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
     let sp_div = if p.sequence_parallel { t } else { 1.0 };
     let layers = job.stage_layers()[stage as usize] as f64;
 
-    let mut act = layers * activation_bytes_per_layer(job) * in_flight_microbatches(job, stage);
+    let mut act = in_flight_activations(job, stage);
     if p.recompute == Recompute::Full && layers > 0.0 {
         act += layer_activation_bytes(job, Recompute::Selective) - activation_bytes_per_layer(job);
     }

@@ -106,6 +106,14 @@ pub struct Summary {
     pub mfu_causal: f64,
     /// Hardware FLOPs utilisation.
     pub hfu: f64,
+    /// Expected iteration time with stragglers: every GPU has its own persistent speed
+    /// (`cluster.gpu_speed_cv`) and the slowest of them sets each synchronisation
+    /// ([`crate::straggler`]). Equal to `iteration_time_s` when the spread is 0.
+    pub expected_iteration_time_s: f64,
+    /// Model TFLOP/s per GPU at the expected iteration time.
+    pub expected_model_tflops_per_gpu: f64,
+    /// MFU at the expected iteration time.
+    pub expected_mfu: f64,
     /// Peak memory of the worst pipeline stage, bytes.
     pub peak_memory_bytes: u64,
     /// Peak memory per pipeline stage, bytes.
@@ -139,6 +147,13 @@ impl Summary {
         let t = iteration_time_s.max(f64::MIN_POSITIVE);
         let peak = job.peak_flops();
         let per_stage = graph.layout.stage_size() as u64;
+        let expected = crate::straggler::expected_iteration_time(
+            iteration_time_s,
+            breakdown.compute_s,
+            job.num_gpus(),
+            job.cluster.gpu_speed_cv,
+        );
+        let te = expected.max(f64::MIN_POSITIVE);
         Summary {
             name: job.name.clone(),
             num_gpus: job.num_gpus(),
@@ -149,6 +164,9 @@ impl Summary {
             mfu: model_flops / t / n / peak,
             mfu_causal: crate::flops::model_flops_per_iteration_causal(job) / t / n / peak,
             hfu: hardware_flops / t / n / peak,
+            expected_iteration_time_s: expected,
+            expected_model_tflops_per_gpu: model_flops / te / n / 1e12,
+            expected_mfu: model_flops / te / n / peak,
             peak_memory_bytes: stage_memory_bytes.iter().copied().max().unwrap_or(0),
             stage_memory_bytes,
             bubble_fraction: breakdown.bubble_s / t,

@@ -23,6 +23,7 @@ use prism_core::job::{Activation, Job, Recompute, Schedule};
 use prism_core::layout::GroupKind;
 use prism_core::memory;
 use prism_core::ops::Work;
+use prism_core::pipeline_layout::PipelineLayout;
 use prism_core::report::graph_flops;
 use prism_core::{Mode, SimOptions, simulate};
 
@@ -703,6 +704,106 @@ fn bubble_fraction_matches_pipeline_formulas() {
     }
 }
 
+/// Truth: a pipeline layout that writes out the even split (`E` + equal stages + `L`) is the
+/// same job as `vpp` alone: the same graph and the same simulation, bit for bit. And uneven
+/// stages follow the flow-shop closed form: under GPipe with every non-layer op and all
+/// communication free, `m` identical micro-batches through stages of `L_i` layers take
+/// `(f + b) (sum L_i + (m - 1) max L_i)` (forward and backward are each a permutation flow
+/// shop of identical jobs), so against the even split of the same layers the time grows by
+/// `(sum L + (m-1) max L_uneven) / (sum L + (m-1) L_even)`.
+#[test]
+fn layouts_follow_the_closed_forms() {
+    let (p, m, v) = (4u32, 8u32, 2u32);
+    let even = pipeline_job(p, m, Schedule::Interleaved, v, 4);
+    let mut written = even.clone();
+    written.parallel.pipeline_layout = Some(PipelineLayout::parse("E(tt|)*7,ttL").unwrap());
+    let written = valid(written);
+    assert_eq!(written.virtual_stage_layers(), even.virtual_stage_layers());
+    let (a, b) = (full(&even), full(&written));
+    assert_eq!(a.summary.iteration_time_s, b.summary.iteration_time_s);
+    assert_eq!(a.graph.total_ops(), b.graph.total_ops());
+    for s in 0..p {
+        assert_eq!(
+            memory::stage_memory(&even, s),
+            memory::stage_memory(&written, s)
+        );
+    }
+
+    let gpipe = pipeline_job(p, m, Schedule::GPipe, 1, 2);
+    let mut uneven = gpipe.clone();
+    uneven.parallel.pipeline_layout = Some(PipelineLayout::parse("Et|ttt|tt|ttL").unwrap());
+    let uneven = valid(uneven);
+    assert_eq!(uneven.stage_layers(), vec![1, 3, 2, 2]);
+    let t_even = run(&gpipe, &balanced_opts(&gpipe)).summary.iteration_time_s;
+    let t_uneven = run(&uneven, &balanced_opts(&uneven))
+        .summary
+        .iteration_time_s;
+    let want = (8.0 + (m - 1) as f64 * 3.0) / (8.0 + (m - 1) as f64 * 2.0);
+    eprintln!(
+        "[layout flow shop] ratio {:.6} formula {want:.6}",
+        t_uneven / t_even
+    );
+    assert!(
+        rel(t_uneven / t_even, want) < 1e-6,
+        "{} vs {want}",
+        t_uneven / t_even
+    );
+
+    // Interleaved with chunks of 3 and 1 layers on every rank: never better than the
+    // balanced formula.
+    let mut mixed = even.clone();
+    mixed.parallel.pipeline_layout = Some(PipelineLayout::parse("E(ttt|)*4,(t|)*3,tL").unwrap());
+    let mixed = valid(mixed);
+    assert_eq!(mixed.stage_layers(), vec![4; p as usize]);
+    let formula = (p - 1) as f64 / ((v * m) as f64 + (p - 1) as f64);
+    let got = run(&mixed, &balanced_opts(&mixed)).summary.bubble_fraction;
+    eprintln!("[layout bubble 3+1 chunks] formula {formula:.5} got {got:.5}");
+    assert!(
+        got >= formula * (1.0 - 1e-9),
+        "bubble {got} below formula {formula}"
+    );
+}
+
+/// Truth: memory follows the layout. Llama 3 405B with Meta's layout `E|(t|)*126,L` (pp 16,
+/// vpp 8, 16 micro-batches): Megatron's warm-up `2(p-r-1) + (v-1)p` (142 on rank 0, 140 on
+/// rank 1) exceeds the `m v = 128` chunk forwards, so every forward runs before the first
+/// backward and each rank holds all 16 micro-batches of each chunk at its peak: rank 0 keeps
+/// `7 x 16 = 112` layer activations (its chunk 0 holds only the embedding), rank 1
+/// `8 x 16 = 128`. Weights follow the layer count: rank 0 holds 7 layers plus the embedding.
+#[test]
+fn memory_follows_the_layout() {
+    let mut job = prism_core::job::fixtures::llama3_405b_job();
+    job.parallel.first_stage_layers = None;
+    job.parallel.last_stage_layers = None;
+    job.parallel.schedule = Schedule::Interleaved;
+    job.parallel.vpp = 8;
+    job.parallel.pipeline_layout = Some(PipelineLayout::parse("E|(t|)*126,L").unwrap());
+    let job = valid(job);
+    let per_layer = memory::activation_bytes_per_layer(&job);
+    assert_eq!(memory::in_flight_activations(&job, 0), 112.0 * per_layer);
+    assert_eq!(memory::in_flight_activations(&job, 1), 128.0 * per_layer);
+    assert_eq!(job.stage_layers()[0], 7);
+    assert_eq!(job.stage_layers()[1], 8);
+    let (p0, p1) = (memory::stage_params(&job, 0), memory::stage_params(&job, 1));
+    let layer = p1.dense / 8;
+    let embedding = (job.model.vocab as u64 * job.model.hidden as u64).div_ceil(8);
+    assert_eq!(p0.dense, 7 * layer + embedding);
+
+    // Freeing each chunk's received input (the Llama 3 stack) saves one norm input (2sbh/t)
+    // per chunk micro-batch in flight: 128 on rank 1, 112 on rank 0 (chunk 0 has no layer).
+    let mut freed = job.clone();
+    freed.parallel.deallocate_stage_input = true;
+    let input = 2.0 * 8192.0 * 16384.0 / 8.0;
+    assert_eq!(
+        memory::in_flight_activations(&freed, 1),
+        128.0 * (per_layer - input)
+    );
+    assert_eq!(
+        memory::in_flight_activations(&freed, 0),
+        112.0 * (per_layer - input)
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. Reduced and sliced runs equal the full run
 // ---------------------------------------------------------------------------------------------
@@ -728,6 +829,13 @@ fn symmetric_jobs() -> Vec<(&'static str, Job)> {
     i.cluster.topology.oversubscription = 2.0;
     i.cluster.topology.rail_group_nodes = 2;
     out.push(("4n tp4 pp2 vpp2 interleaved oversub2 rg2", i));
+    // Uneven interleaved stages from a Megatron layout: 8 layers over pp 2 x vpp 3, with an
+    // embedding-only first chunk and a loss-only last chunk.
+    let mut u = small_job(4, 4, 2, 32);
+    u.parallel.schedule = Schedule::Interleaved;
+    u.parallel.vpp = 3;
+    u.parallel.pipeline_layout = Some(PipelineLayout::parse("E|ttt|tt|t|tt|L").unwrap());
+    out.push(("4n tp4 pp2 layout E|ttt|tt|t|tt|L", u));
     out.into_iter().map(|(n, j)| (n, valid(j))).collect()
 }
 
@@ -1108,11 +1216,26 @@ proptest! {
     /// slice of the last rank gives that rank's full-run timing. Jobs the check rejects must
     /// be rejected with `Asymmetric`, never mis-simulated.
     #[test]
-    fn prop_reduced_equals_full(job in arb_job(), interleave in any::<bool>()) {
+    fn prop_reduced_equals_full(job in arb_job(), interleave in any::<bool>(), cuts in prop::collection::vec(0u32..=8, 3)) {
         let mut job = job;
         if interleave && job.parallel.pp >= 2 && job.micro_batches() % job.parallel.pp as u64 == 0 {
             job.parallel.schedule = Schedule::Interleaved;
             job.parallel.vpp = 2;
+            // Half the time, an uneven layout of the 8 layers over the pp x 2 virtual stages
+            // (empty stages allowed), cut at the sorted points `cuts`.
+            if cuts[0] % 2 == 0 {
+                let n = 2 * job.parallel.pp as usize;
+                let mut points: Vec<u32> = cuts.iter().copied().chain(std::iter::repeat_n(8, n.saturating_sub(4))).take(n - 1).collect();
+                points.sort_unstable();
+                let mut prev = 0;
+                let mut stages = Vec::new();
+                for &c in points.iter().chain([8u32].iter()) {
+                    stages.push("t".repeat((c - prev) as usize));
+                    prev = c;
+                }
+                let text = format!("E{}L", stages.join("|"));
+                job.parallel.pipeline_layout = Some(PipelineLayout::parse(&text).unwrap());
+            }
         }
         prop_assume!(job.validate().is_ok());
         let f = full(&job);

@@ -24,6 +24,7 @@ use prism_core::job::{
     Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
     Recompute, Schedule, Topology, Training,
 };
+use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
     CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
 };
@@ -56,6 +57,9 @@ pub struct LoadedJob {
     pub job: Job,
     /// `cost.kernel_table`, resolved against the job file's directory.
     pub kernel_table: Option<PathBuf>,
+    /// The `[published]` section: what a real run of this job measured, printed beside the
+    /// prediction.
+    pub published: Option<Published>,
     /// The job file path, or `<embedded default>`.
     pub source: String,
     /// The `[variability]` section; `Default` (deterministic) when absent.
@@ -232,6 +236,7 @@ const CLUSTER_FIELDS: &[Field] = &[
     fld("nic_gbps", Ty::F64),
     fld("nic_latency_us", Ty::F64),
     fld("nvlink_latency_us", Ty::F64),
+    fld("gpu_speed_cv", Ty::F64),
     fld("topology", Ty::Str),
     fld("rail_group_nodes", Ty::U32),
     fld("oversubscription", Ty::F64),
@@ -263,6 +268,12 @@ const PARALLEL_FIELDS: &[Field] = &[
         Ty::U32,
         &["decoder_last_pipeline_num_layers"],
     ),
+    alias(
+        "pipeline_layout",
+        Ty::Str,
+        &["pipeline_model_parallel_layout"],
+    ),
+    fld("deallocate_stage_input", Ty::Bool),
     fld("dp_bucket_mparams", Ty::F64),
     fld("overlap_grad_reduce", Ty::Bool),
     fld("overlap_param_gather", Ty::Bool),
@@ -276,6 +287,13 @@ const TRAINING_FIELDS: &[Field] = &[
 ];
 
 const COST_FIELDS: &[Field] = &[fld("kernel_table", Ty::Str)];
+
+const PUBLISHED_FIELDS: &[Field] = &[
+    fld("source", Ty::Str),
+    fld("tflops_per_gpu", Ty::F64),
+    fld("mfu", Ty::F64),
+    fld("iteration_time_s", Ty::F64),
+];
 
 const VARIABILITY_FIELDS: &[Field] = &[
     fld("seed", Ty::U64),
@@ -341,6 +359,7 @@ const SECTIONS: &[(&str, &[Field])] = &[
     ("parallel", PARALLEL_FIELDS),
     ("training", TRAINING_FIELDS),
     ("cost", COST_FIELDS),
+    ("published", PUBLISHED_FIELDS),
     ("variability", VARIABILITY_FIELDS),
 ];
 
@@ -1463,6 +1482,7 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
     };
 
     let var = build_variability(ctx, doc, &cluster, base_dir)?;
+    let published = build_published(ctx, doc)?;
 
     let name = match &doc.name {
         None => format!(
@@ -1503,11 +1523,47 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
     Ok(LoadedJob {
         job,
         kernel_table,
+        published,
         source: ctx.origin.to_string(),
         variability: var.variability,
         variability_seed: var.seed,
         dist_table: var.dist_table,
     })
+}
+
+/// What a real run of the job measured (the `[published]` section); every figure optional.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Published {
+    /// Where the figures come from.
+    pub source: Option<String>,
+    /// Model TFLOP/s per GPU (Megatron's convention: causal attention counted in full).
+    pub tflops_per_gpu: Option<f64>,
+    /// Model FLOPs utilisation, as a fraction.
+    pub mfu: Option<f64>,
+    /// Seconds per iteration.
+    pub iteration_time_s: Option<f64>,
+}
+
+fn build_published(ctx: &Ctx<'_>, doc: &Doc) -> Result<Option<Published>, JobFileError> {
+    let Some(section) = doc.sections.get("published") else {
+        return Ok(None);
+    };
+    let g = Getter {
+        ctx,
+        section: "published",
+        fields: &section.fields,
+    };
+    let p = Published {
+        source: g.str("source")?.map(str::to_string),
+        tflops_per_gpu: g.f64_where("tflops_per_gpu", positive, "must be positive")?,
+        mfu: g.f64_where(
+            "mfu",
+            |x| x > 0.0 && x <= 1.0,
+            "must be a fraction in (0, 1]",
+        )?,
+        iteration_time_s: g.f64_where("iteration_time_s", positive, "must be positive")?,
+    };
+    Ok(Some(p))
 }
 
 /// The typed `[variability]` section.
@@ -2022,6 +2078,9 @@ fn build_cluster(
         nic_gbps: g.req_f64("nic_gbps", RULE)?,
         nic_latency_us: g.f64("nic_latency_us")?.unwrap_or(5.0),
         nvlink_latency_us: g.f64("nvlink_latency_us")?.unwrap_or(1.0),
+        gpu_speed_cv: g
+            .f64("gpu_speed_cv")?
+            .unwrap_or(prism_core::straggler::DEFAULT_GPU_SPEED_CV),
         topology: Topology {
             rail_group_nodes: g.u32("rail_group_nodes")?.unwrap_or(32),
             oversubscription: g.f64("oversubscription")?.unwrap_or(1.0),
@@ -2071,7 +2130,31 @@ fn build_parallel(
     let pp = g.req_u32("pp", "the pipeline-parallel size")?;
     let cp = g.u32("cp")?.unwrap_or(1);
     let ep = g.u32("ep")?.unwrap_or(1);
-    let vpp = g.u32("vpp")?.unwrap_or(1);
+    let pipeline_layout = match g.str("pipeline_layout")? {
+        None => None,
+        Some(text) => {
+            let e = g.entry("pipeline_layout").expect("str() returned Some");
+            Some(
+                PipelineLayout::parse(text)
+                    .map_err(|rule| ctx.at_value(&e.src, "parallel.pipeline_layout", rule))?,
+            )
+        }
+    };
+    let vpp = match (g.u32("vpp")?, &pipeline_layout) {
+        (Some(v), _) => v,
+        (None, Some(l)) if pp > 0 && (l.stages.len() as u64).is_multiple_of(u64::from(pp)) => {
+            let v = (l.stages.len() as u64 / u64::from(pp)).min(u64::from(u32::MAX)) as u32;
+            sources.insert(
+                "parallel.vpp".into(),
+                Src::Derived(format!(
+                    "vpp = layout stages / pp = {} / {pp} = {v}",
+                    l.stages.len()
+                )),
+            );
+            v
+        }
+        (None, _) => 1,
+    };
     let micro_batch = g.u32("micro_batch")?.unwrap_or(1);
     let given_dp = g.u32("dp")?;
 
@@ -2127,7 +2210,8 @@ fn build_parallel(
         }
     }
     // Every (virtual) pipeline stage needs a layer: keeps pp x vpp (u32 in validate) in range.
-    if (1..=MAX_LAYERS).contains(&model.layers)
+    if pipeline_layout.is_none()
+        && (1..=MAX_LAYERS).contains(&model.layers)
         && u64::from(pp) * u64::from(vpp) > u64::from(model.layers)
     {
         let k = if vpp > 1 { "vpp" } else { "pp" };
@@ -2197,6 +2281,7 @@ fn build_parallel(
     let overlap_grad_reduce = g.bool("overlap_grad_reduce")?.unwrap_or(true);
     let overlap_param_gather = g.bool("overlap_param_gather")?.unwrap_or(true);
     let tp_comm_overlap = g.bool("tp_comm_overlap")?.unwrap_or(false);
+    let deallocate_stage_input = g.bool("deallocate_stage_input")?.unwrap_or(false);
     Ok(Parallel {
         tp,
         pp,
@@ -2211,6 +2296,8 @@ fn build_parallel(
         schedule,
         first_stage_layers: first,
         last_stage_layers: last,
+        pipeline_layout,
+        deallocate_stage_input,
         dp_bucket_mparams,
         overlap_grad_reduce,
         overlap_param_gather,

@@ -1,3 +1,4 @@
+#![recursion_limit = "256"]
 //! # prism-io
 //!
 //! Prism's edge: everything that reads or writes a format. Job files (TOML) and their presets,

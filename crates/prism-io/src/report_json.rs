@@ -95,6 +95,10 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
         "mfu": s.mfu,
         "mfu_causal": s.mfu_causal,
         "hfu": s.hfu,
+        "gpu_speed_cv": job.cluster.gpu_speed_cv,
+        "expected_iteration_time_s": s.expected_iteration_time_s,
+        "expected_model_tflops_per_gpu": s.expected_model_tflops_per_gpu,
+        "expected_mfu": s.expected_mfu,
         "peak_memory_bytes": s.peak_memory_bytes,
         "stage_memory_bytes": s.stage_memory_bytes,
         "bubble_fraction": s.bubble_fraction,
@@ -115,6 +119,9 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
             "ep": p.ep,
             "dp": p.dp,
             "vpp": p.vpp,
+            "pipeline_layout": p.pipeline_layout.as_ref().map(|l| l.text.clone()),
+            "stage_layers": job.stage_layers(),
+            "deallocate_stage_input": p.deallocate_stage_input,
             "micro_batch": p.micro_batch,
             "schedule": schedule_name(p.schedule),
             "recompute": recompute_name(p.recompute),
@@ -129,5 +136,47 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
         let ranks: Vec<Value> = result.ranks.iter().map(|r| rank_json(r, layout)).collect();
         v["ranks"] = Value::Array(ranks);
     }
+    v
+}
+
+/// The `[published]` section of a job beside the prediction: each published figure, Prism's
+/// value of the same quantity (nominal and expected with stragglers) and the signed errors in
+/// percent (positive: Prism is faster than the published run).
+pub fn published_json(p: &crate::jobfile::Published, s: &prism_core::report::Summary) -> Value {
+    let mut v = json!({ "source": p.source });
+    let mut put = |name: &str,
+                   published: Option<f64>,
+                   nominal: f64,
+                   expected: f64,
+                   higher_is_faster: bool| {
+        if let Some(x) = published {
+            let err = |y: f64| {
+                let e = 100.0 * (y - x) / x;
+                if higher_is_faster { e } else { -e }
+            };
+            v[name] = json!({
+                "published": x,
+                "predicted": nominal,
+                "predicted_expected": expected,
+                "error_pct": err(nominal),
+                "error_expected_pct": err(expected),
+            });
+        }
+    };
+    put(
+        "tflops_per_gpu",
+        p.tflops_per_gpu,
+        s.model_tflops_per_gpu,
+        s.expected_model_tflops_per_gpu,
+        true,
+    );
+    put("mfu", p.mfu, s.mfu, s.expected_mfu, true);
+    put(
+        "iteration_time_s",
+        p.iteration_time_s,
+        s.iteration_time_s,
+        s.expected_iteration_time_s,
+        false,
+    );
     v
 }

@@ -916,11 +916,20 @@ fn default_job_loads() {
     let p = &job.parallel;
     assert_eq!(
         (p.tp, p.pp, p.cp, p.ep, p.dp, p.vpp, p.micro_batch),
-        (8, 16, 1, 1, 128, 1, 1)
+        (8, 16, 1, 1, 128, 8, 1)
     );
-    assert!(p.sequence_parallel && p.distributed_optimizer);
+    assert!(p.sequence_parallel && p.distributed_optimizer && p.deallocate_stage_input);
     assert_eq!(p.recompute, Recompute::None);
-    assert_eq!(p.schedule, Schedule::OneFOneB);
+    // Meta's schedule: interleaved, one-layer chunks, the first holding only the embedding and
+    // the last only the loss.
+    assert_eq!(p.schedule, Schedule::Interleaved);
+    let virt = job.virtual_stage_layers();
+    assert_eq!(virt.len(), 128);
+    assert_eq!((virt[0], virt[127]), (0, 0));
+    assert!(virt[1..127].iter().all(|&l| l == 1));
+    let published = loaded.published.as_ref().unwrap();
+    assert_eq!(published.tflops_per_gpu, Some(400.0));
+    assert_eq!(published.mfu, Some(0.41));
     assert_eq!(p.dp_bucket_mparams, 40.0);
     let mut expected = vec![7];
     expected.extend([8; 14]);
@@ -1429,5 +1438,98 @@ fn error_type_is_std_error() {
     assert_eq!(
         e.to_string(),
         "test.toml: parallel.tp: must be at least 1 (set by `--set parallel.tp=0`)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pipeline layouts (Megatron-Core --pipeline-model-parallel-layout)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn pipeline_layout_sets_vpp_schedule_and_layers() {
+    // 32 layers over pp 2 x vpp 3: 3 + 5 + 8 + 8 + 8 + 0.
+    let j = ok(
+        &edit("[parallel]", r#"pipeline_layout = "Ettt|t*5|(t*8|)*3,L""#),
+        &[],
+    );
+    let p = &j.job.parallel;
+    assert_eq!(p.vpp, 3);
+    assert_eq!(p.schedule, Schedule::Interleaved);
+    assert_eq!(j.job.virtual_stage_layers(), vec![3, 5, 8, 8, 8, 0]);
+    assert_eq!(j.job.stage_layers(), vec![3 + 8 + 8, 5 + 8]);
+    assert_eq!(j.job.chunk_layers(1), vec![3..8, 16..24, 32..32]);
+    // Megatron's own key name is accepted as it is, and so is `--set`.
+    let m = ok(
+        &edit(
+            "[parallel]",
+            r#"pipeline_model_parallel_layout = "Ettt|t*5|(t*8|)*3,L""#,
+        ),
+        &[],
+    );
+    assert_eq!(m.job, j.job);
+    let s = ok(
+        SMALL,
+        &[r#"parallel.pipeline_layout="Ettt|t*5|(t*8|)*3,L""#],
+    );
+    assert_eq!(
+        s.job.parallel.pipeline_layout,
+        j.job.parallel.pipeline_layout
+    );
+    // A vpp 1 layout keeps 1F1B.
+    let one = ok(
+        &edit("[parallel]", r#"pipeline_layout = "Et*15|t*17L""#),
+        &[],
+    );
+    assert_eq!(one.job.parallel.schedule, Schedule::OneFOneB);
+    assert_eq!(one.job.stage_layers(), vec![15, 17]);
+}
+
+#[test]
+fn pipeline_layout_errors_name_the_key_and_rule() {
+    let e = fails(
+        &edit("[parallel]", r#"pipeline_layout = "Ett|tx|L""#),
+        &[],
+        "parallel.pipeline_layout",
+        &["unknown layer character 'x' in stage 1"],
+    );
+    assert!(e.to_string().contains("test.toml:"), "{e}");
+    fails(
+        &edit("[parallel]", r#"pipeline_layout = "Et*31|L""#),
+        &[],
+        "parallel.pipeline_layout",
+        &["places 31 decoder layers", "model.layers is 32"],
+    );
+    fails(
+        &edit("[parallel]", r#"pipeline_layout = "Et*30|t|tL""#),
+        &[],
+        "parallel.pipeline_layout",
+        &["3 stages", "not a multiple of parallel.pp (2)"],
+    );
+    fails(
+        &edit("[parallel]", "pipeline_layout = \"Et*16|t*16L\"\nvpp = 2"),
+        &[],
+        "parallel.vpp",
+        &["must equal the layout's stages / pp = 2 / 2 = 1"],
+    );
+    fails(
+        &edit(
+            "[parallel]",
+            "pipeline_layout = \"Et*16|t*16L\"\nfirst_stage_layers = 16",
+        ),
+        &[],
+        "parallel.first_stage_layers",
+        &["cannot be combined with parallel.pipeline_layout"],
+    );
+    fails(
+        &edit("[parallel]", r#"pipeline_layout = "Et*16|(t*16L""#),
+        &[],
+        "parallel.pipeline_layout",
+        &["never closed"],
+    );
+    fails(
+        &edit("[parallel]", "pipeline_layout = 3"),
+        &[],
+        "parallel.pipeline_layout",
+        &[],
     );
 }

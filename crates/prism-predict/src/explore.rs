@@ -21,6 +21,7 @@ use prism_core::engine::{Mode, SimError, SimOptions};
 use prism_core::job::{Job, Parallel, Recompute, Schedule};
 use prism_core::layout::{Coord, Layout};
 use prism_core::memory;
+use prism_core::pipeline_layout::PipelineLayout;
 
 use crate::perturbation::Perturbation;
 use crate::stats;
@@ -107,6 +108,8 @@ pub struct Counts {
     pub enumerated: usize,
     pub invalid: usize,
     pub out_of_memory: usize,
+    /// Rejected: the execution graph would exceed [`prism_core::graph::MAX_OPS`].
+    pub too_large: usize,
 }
 
 fn divisors(n: u32) -> Vec<u32> {
@@ -141,7 +144,7 @@ pub fn same_layout(a: &Parallel, b: &Parallel) -> bool {
         b.sequence_parallel,
         b.first_stage_layers,
         b.last_stage_layers,
-    )
+    ) && a.pipeline_layout == b.pipeline_layout
 }
 
 /// Every candidate layout of `base` (validated or not), the job's own layout first.
@@ -151,13 +154,21 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
     let gpus = c.num_gpus();
     let bp = &base.parallel;
     let gb = base.training.global_batch as u64;
-    // Pipeline splits: every even split, plus the job's uneven split at its own pp.
-    let mut splits: Vec<(u32, Option<u32>, Option<u32>)> = divisors(m.layers)
+    // Pipeline splits: every even split, plus the job's uneven split at its own pp, plus the
+    // job's pipeline layout at every pp dividing its virtual stage count (vpp = stages / pp).
+    type Split = (u32, Option<u32>, Option<u32>, Option<(PipelineLayout, u32)>);
+    let mut splits: Vec<Split> = divisors(m.layers)
         .into_iter()
-        .map(|pp| (pp, None, None))
+        .map(|pp| (pp, None, None, None))
         .collect();
     if bp.first_stage_layers.is_some() || bp.last_stage_layers.is_some() {
-        splits.push((bp.pp, bp.first_stage_layers, bp.last_stage_layers));
+        splits.push((bp.pp, bp.first_stage_layers, bp.last_stage_layers, None));
+    }
+    if let Some(l) = &bp.pipeline_layout {
+        let stages = l.stages.len() as u32;
+        for pp in divisors(stages) {
+            splits.push((pp, None, None, Some((l.clone(), stages / pp))));
+        }
     }
     let tps: Vec<u32> = divisors(c.gpus_per_node)
         .into_iter()
@@ -171,8 +182,13 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
     let sp = |tp: u32| tp > 1 && (bp.tp == 1 || bp.sequence_parallel);
     let mut out = vec![base.clone()];
     for &tp in &tps {
-        for &(pp, first, last) in &splits {
+        for (pp, first, last, layout) in &splits {
+            let (pp, first, last) = (*pp, *first, *last);
             let uneven = first.is_some() || last.is_some();
+            let vpps: &[u32] = match layout {
+                Some((_, v)) => std::slice::from_ref(v),
+                None => &[1, 2, 4],
+            };
             for &cp in &cps {
                 let mp = tp as u64 * pp as u64 * cp as u64;
                 if !gpus.is_multiple_of(mp) {
@@ -185,8 +201,13 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
                         continue;
                     }
                     let mbs = gb / step;
-                    for vpp in [1u32, 2, 4] {
-                        if vpp > 1
+                    for &vpp in vpps {
+                        if layout.is_some() && vpp > 1 && (pp < 2 || !mbs.is_multiple_of(pp as u64))
+                        {
+                            continue;
+                        }
+                        if layout.is_none()
+                            && vpp > 1
                             && (uneven
                                 || pp < 2
                                 || !m.layers.is_multiple_of(pp * vpp)
@@ -214,6 +235,7 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
                                 };
                                 p.first_stage_layers = first;
                                 p.last_stage_layers = last;
+                                p.pipeline_layout = layout.as_ref().map(|(l, _)| l.clone());
                                 if !same_layout(&j.parallel, bp) {
                                     out.push(j);
                                 }
@@ -425,12 +447,20 @@ pub fn feasible(base: &Job, max_candidates: usize) -> Result<(Vec<Candidate>, Co
             counts.out_of_memory += 1;
             continue;
         }
+        if prism_core::graph::size_check(&j).is_err() {
+            counts.too_large += 1;
+            continue;
+        }
         feasible.push((j, peak, i == 0));
     }
     if feasible.is_empty() {
         return Err(Error::Invalid(format!(
-            "no feasible layout: {} enumerated, {} break a job rule, {} do not fit in {:.0} GiB per GPU",
-            counts.enumerated, counts.invalid, counts.out_of_memory, base.cluster.gpu.hbm_gib
+            "no feasible layout: {} enumerated, {} break a job rule, {} do not fit in {:.0} GiB per GPU, {} exceed the graph size limit",
+            counts.enumerated,
+            counts.invalid,
+            counts.out_of_memory,
+            base.cluster.gpu.hbm_gib,
+            counts.too_large
         )));
     }
     if feasible.len() > max_candidates {

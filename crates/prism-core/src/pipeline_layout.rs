@@ -1,0 +1,275 @@
+//! Megatron-Core's custom pipeline layout (`--pipeline-model-parallel-layout`).
+//!
+//! The string lists the virtual pipeline stages in order, separated by `|`; each stage lists
+//! its layers: `E` the embedding, `t` a transformer decoder layer, `m` a multi-token-prediction
+//! layer, `L` the output layer and loss. `x*n` repeats one character, `(...)*n` repeats a group
+//! (which may hold `|`), commas are cosmetic and empty stages are legal. With `pp` pipeline
+//! ranks and `S` stages, `S` must be a multiple of `pp`; virtual stage `s` runs on pipeline rank
+//! `s % pp` as its model chunk `s / pp`, so `vpp = S / pp`.
+//!
+//! Megatron-Core's documentation gives DeepSeek-V3 on pp 16, vpp 2 as `Et*3|(tt|)*29,m|L`;
+//! the Llama 3 paper's balancing (one layer fewer on the first and the last stage, Dubey et
+//! al. 2024, Sec. 3.3.2) is `E|(t|)*126,L` for 126 layers on pp 16, vpp 8.
+//!
+//! Prism's reader is a small recursive-descent parser: groups may nest (Megatron's own
+//! regular-expression expansion does not), whitespace is ignored, and every error says which
+//! character or stage broke which rule.
+//!
+//! ```
+//! use prism_core::pipeline_layout::PipelineLayout;
+//! let l = PipelineLayout::parse("Et*3|(tt|)*2,t|L").unwrap();
+//! assert_eq!(l.stages, vec![3, 2, 2, 1, 0]);
+//! assert!(PipelineLayout::parse("Et|tx|L").unwrap_err().contains("'x'"));
+//! ```
+
+/// The longest expanded layout Prism accepts, in characters (a layout names each layer once,
+/// so real ones stay far below it).
+pub const MAX_EXPANDED: usize = 1 << 20;
+
+/// A parsed pipeline layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineLayout {
+    /// The string as written.
+    pub text: String,
+    /// Decoder layers on each virtual stage, in the string's order.
+    pub stages: Vec<u32>,
+}
+
+impl PipelineLayout {
+    /// Parses a layout string; the error names the offending character or stage and the rule.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let chars: Vec<char> = text
+            .chars()
+            .filter(|c| *c != ',' && !c.is_whitespace())
+            .collect();
+        let mut p = Parser {
+            chars: &chars,
+            pos: 0,
+        };
+        let expanded = p.sequence(0)?;
+        if p.pos < chars.len() {
+            return Err(format!(
+                "unmatched ')' at character {} of the layout",
+                p.pos + 1
+            ));
+        }
+        let stage_texts: Vec<&[char]> = expanded.split(|c| *c == '|').collect();
+        let last = stage_texts.len() - 1;
+        let mut stages = Vec::with_capacity(stage_texts.len());
+        let (mut embeddings, mut losses) = (0u32, 0u32);
+        for (i, stage) in stage_texts.iter().enumerate() {
+            let mut layers = 0u32;
+            for (j, &c) in stage.iter().enumerate() {
+                match c {
+                    't' => layers += 1,
+                    'E' => {
+                        embeddings += 1;
+                        if i != 0 || j != 0 {
+                            return Err(format!(
+                                "the embedding 'E' must open the first stage (found in stage {i}, \
+                                 position {j}); Prism feeds the pipeline's input at virtual stage 0"
+                            ));
+                        }
+                    }
+                    'L' => {
+                        losses += 1;
+                        if i != last || j + 1 != stage.len() {
+                            return Err(format!(
+                                "the loss 'L' must close the last stage (found in stage {i} of \
+                                 {}, position {j})",
+                                last + 1
+                            ));
+                        }
+                    }
+                    'm' => {
+                        return Err(format!(
+                            "stage {i} holds a multi-token-prediction layer 'm'; Prism does not \
+                             model MTP layers"
+                        ));
+                    }
+                    other => {
+                        return Err(format!(
+                            "unknown layer character '{other}' in stage {i}; known: E \
+                             (embedding), t (transformer decoder layer), m (MTP layer), L (loss)"
+                        ));
+                    }
+                }
+            }
+            stages.push(layers);
+        }
+        if embeddings == 0 {
+            return Err("the layout has no embedding 'E' (it must open the first stage)".into());
+        }
+        if losses == 0 {
+            return Err("the layout has no loss 'L' (it must close the last stage)".into());
+        }
+        Ok(PipelineLayout {
+            text: text.to_string(),
+            stages,
+        })
+    }
+
+    /// Decoder layers in the whole layout.
+    pub fn decoder_layers(&self) -> u64 {
+        self.stages.iter().map(|&l| l as u64).sum()
+    }
+}
+
+struct Parser<'a> {
+    chars: &'a [char],
+    pos: usize,
+}
+
+impl Parser<'_> {
+    /// A sequence of items up to the end or a closing parenthesis.
+    fn sequence(&mut self, depth: usize) -> Result<Vec<char>, String> {
+        let mut out = Vec::new();
+        while let Some(&c) = self.chars.get(self.pos) {
+            let item = match c {
+                ')' => {
+                    if depth == 0 {
+                        return Err(format!(
+                            "unmatched ')' at character {} of the layout",
+                            self.pos + 1
+                        ));
+                    }
+                    return Ok(out);
+                }
+                '(' => {
+                    let open = self.pos;
+                    self.pos += 1;
+                    let inner = self.sequence(depth + 1)?;
+                    if self.chars.get(self.pos) != Some(&')') {
+                        return Err(format!(
+                            "'(' at character {} of the layout is never closed",
+                            open + 1
+                        ));
+                    }
+                    self.pos += 1;
+                    if inner.is_empty() {
+                        return Err(format!(
+                            "empty group '()' at character {} of the layout",
+                            open + 1
+                        ));
+                    }
+                    inner
+                }
+                '*' => {
+                    return Err(format!(
+                        "'*' at character {} of the layout repeats nothing (write x*n or (...)*n)",
+                        self.pos + 1
+                    ));
+                }
+                c => {
+                    self.pos += 1;
+                    vec![c]
+                }
+            };
+            let times = self.repeat()?;
+            let add = item.len().saturating_mul(times);
+            if out.len().saturating_add(add) > MAX_EXPANDED {
+                return Err(format!(
+                    "the layout expands to more than {MAX_EXPANDED} characters"
+                ));
+            }
+            for _ in 0..times {
+                out.extend_from_slice(&item);
+            }
+        }
+        Ok(out)
+    }
+
+    /// An optional `*n` after an item: its repeat count (1 when absent).
+    fn repeat(&mut self) -> Result<usize, String> {
+        if self.chars.get(self.pos) != Some(&'*') {
+            return Ok(1);
+        }
+        let star = self.pos;
+        self.pos += 1;
+        let start = self.pos;
+        while self.chars.get(self.pos).is_some_and(|c| c.is_ascii_digit()) {
+            self.pos += 1;
+        }
+        if start == self.pos {
+            return Err(format!(
+                "'*' at character {} of the layout must be followed by a repeat count",
+                star + 1
+            ));
+        }
+        let digits: String = self.chars[start..self.pos].iter().collect();
+        digits
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n <= MAX_EXPANDED)
+            .ok_or_else(|| {
+                format!(
+                    "repeat count {digits} at character {} of the layout is larger than {MAX_EXPANDED}",
+                    star + 2
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn megatron_documented_examples() {
+        // DeepSeek-V3's example, with the MTP layer replaced by a decoder layer (Prism refuses
+        // 'm'): 32 virtual stages, 3 + 29 x 2 + 1 + 0 decoder layers.
+        let l = PipelineLayout::parse("Et*3|(tt|)*29,t|L").unwrap();
+        assert_eq!(l.stages.len(), 32);
+        assert_eq!(l.stages[0], 3);
+        assert!(l.stages[1..30].iter().all(|&s| s == 2));
+        assert_eq!((l.stages[30], l.stages[31]), (1, 0));
+        assert_eq!(l.decoder_layers(), 62);
+        // Empty stages are legal.
+        assert_eq!(
+            PipelineLayout::parse("E||t|L").unwrap().stages,
+            vec![0, 0, 1, 0]
+        );
+        // Megatron's own comment examples of the expansion rules.
+        assert_eq!(
+            PipelineLayout::parse("E(tt|t)*2,t|L").unwrap().stages,
+            vec![2, 3, 2, 0]
+        );
+        assert_eq!(
+            PipelineLayout::parse("E|(t|)*126,L").unwrap().stages.len(),
+            128
+        );
+    }
+
+    #[test]
+    fn nesting_whitespace_and_multi_digit_counts() {
+        let l = PipelineLayout::parse(" E t , | ((t|)*2 t*2|)*10 L ").unwrap();
+        assert_eq!(l.stages.len(), 1 + 30 + 1);
+        assert_eq!(l.decoder_layers(), 1 + 10 * 4);
+    }
+
+    #[test]
+    fn errors_name_the_character_and_rule() {
+        let cases = [
+            ("Et|tx|L", "unknown layer character 'x' in stage 1"),
+            ("tE|t|L", "'E' must open the first stage"),
+            ("Et|L|t", "'L' must close the last stage"),
+            ("Et|tL|t", "'L' must close the last stage"),
+            ("t|t|L", "no embedding"),
+            ("Et|t|t", "no loss"),
+            ("Et|(tt|t", "never closed"),
+            ("Et|tt)|L", "unmatched ')'"),
+            ("*3Et|L", "repeats nothing"),
+            ("Et|(*3)|L", "repeats nothing"),
+            ("Et|t*|L", "followed by a repeat count"),
+            ("Et|()*2|L", "empty group"),
+            ("Et|m|L", "MTP"),
+            ("E(t*1000)*100000|L", "expands to more than"),
+            ("Et*99999999999999999999|L", "larger than"),
+            ("EE|t|L", "'E' must open the first stage"),
+        ];
+        for (text, want) in cases {
+            let err = PipelineLayout::parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+}
