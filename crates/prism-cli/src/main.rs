@@ -345,55 +345,21 @@ fn print_published(
             .map(|x| format!(" ({x})"))
             .unwrap_or_default()
     )?;
-    let row = |out: &mut dyn Write,
-               name: &str,
-               x: f64,
-               nominal: f64,
-               expected: f64,
-               unit: &str,
-               higher: bool| {
-        let e = |y: f64| {
-            let e = 100.0 * (y - x) / x;
-            if higher { e } else { -e }
+    for r in prism_io::report_json::published_rows(p, s) {
+        // MFU is printed in percent.
+        let (label, scale) = match r.key {
+            "tflops_per_gpu" => ("TFLOP/s per GPU", 1.0),
+            "mfu" => ("MFU (%)", 100.0),
+            _ => ("iteration time (s)", 1.0),
         };
         writeln!(
             out,
-            "    {name:<22}{x:>10.1}{unit}   Prism {nominal:.1} ({:+.1}%), with stragglers {expected:.1} ({:+.1}%)",
-            e(nominal),
-            e(expected)
-        )
-    };
-    if let Some(x) = p.tflops_per_gpu {
-        row(
-            out,
-            "TFLOP/s per GPU",
-            x,
-            s.model_tflops_per_gpu,
-            s.expected_model_tflops_per_gpu,
-            "",
-            true,
-        )?;
-    }
-    if let Some(x) = p.mfu {
-        row(
-            out,
-            "MFU (%)",
-            100.0 * x,
-            100.0 * s.mfu,
-            100.0 * s.expected_mfu,
-            "",
-            true,
-        )?;
-    }
-    if let Some(x) = p.iteration_time_s {
-        row(
-            out,
-            "iteration time (s)",
-            x,
-            s.iteration_time_s,
-            s.expected_iteration_time_s,
-            "",
-            false,
+            "    {label:<22}{:>10.1}   Prism {:.1} ({:+.1}%), with stragglers {:.1} ({:+.1}%)",
+            scale * r.published,
+            scale * r.predicted,
+            r.error_pct,
+            scale * r.predicted_expected,
+            r.error_expected_pct
         )?;
     }
     writeln!(

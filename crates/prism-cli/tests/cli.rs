@@ -237,3 +237,30 @@ fn allow_oom_simulates_anyway() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["peak_memory_bytes"].as_f64().unwrap() > 80.0 * (1u64 << 30) as f64);
 }
+
+/// The embedded example carries Meta's published figure: `--json` reports it beside the
+/// prediction with the signed error computed from the two values, and the text report prints it.
+#[test]
+fn the_published_figure_is_reported_beside_the_prediction() {
+    let o = prism(&["simulate", "--reduced", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let t = &v["published"]["tflops_per_gpu"];
+    assert_eq!(t["published"], 400.0);
+    assert_eq!(t["predicted"], v["model_tflops_per_gpu"]);
+    assert_eq!(t["predicted_expected"], v["expected_model_tflops_per_gpu"]);
+    let (pred, err) = (
+        t["predicted"].as_f64().unwrap(),
+        t["error_pct"].as_f64().unwrap(),
+    );
+    assert!((err - 100.0 * (pred - 400.0) / 400.0).abs() < 1e-9);
+    // With stragglers the run is slower: a smaller (less optimistic) error.
+    assert!(t["error_expected_pct"].as_f64().unwrap() < err);
+    assert_eq!(v["published"]["mfu"]["published"], 0.41);
+    let text = prism(&["simulate", "--reduced"]);
+    assert!(
+        stdout(&text).contains("TFLOP/s per GPU            400.0   Prism"),
+        "{}",
+        stdout(&text)
+    );
+}

@@ -100,40 +100,8 @@ fn variability(name: &str, from: &str, to: &str) -> PathBuf {
     file(name, &text.replace(from, to))
 }
 
-#[test]
-fn non_finite_step_times_are_errors() {
-    let speed = "gpu_speed = { dist = \"normal\", mean = 1.0, std = 0.03 }";
-    for (i, to) in [
-        "gpu_speed = { dist = \"normal\", mean = 1.0, std = 1e300 }",
-        "gpu_speed = { dist = \"lognormal\", mu = 700, sigma = 0.1 }",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let f = variability(&format!("speed-{i}.toml"), speed, to);
-        refused(
-            &[
-                "predict",
-                f.to_str().unwrap(),
-                "--tokens",
-                "1e12",
-                "--samples",
-                "8",
-                "--runs",
-                "20",
-            ],
-            "[variability]",
-        );
-    }
-}
-
-#[test]
-fn abandoned_runs_are_reported_not_timed() {
-    let f = variability(
-        "failures.toml",
-        "rate_per_gpu_hour = 2e-5",
-        "rate_per_gpu_hour = 1e6",
-    );
+/// A small `predict` of job file `f` (1e12 tokens, 8 samples, 20 runs) is refused with `want`.
+fn small_predict_refused(f: &std::path::Path, want: &str) {
     refused(
         &[
             "predict",
@@ -145,8 +113,33 @@ fn abandoned_runs_are_reported_not_timed() {
             "--runs",
             "20",
         ],
-        "abandoned",
+        want,
     );
+}
+
+#[test]
+fn non_finite_step_times_are_errors() {
+    let speed = "gpu_speed = { dist = \"normal\", mean = 1.0, std = 0.03 }";
+    for (i, to) in [
+        "gpu_speed = { dist = \"normal\", mean = 1.0, std = 1e300 }",
+        "gpu_speed = { dist = \"lognormal\", mu = 700, sigma = 0.1 }",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let f = variability(&format!("speed-{i}.toml"), speed, to);
+        small_predict_refused(&f, "[variability]");
+    }
+}
+
+#[test]
+fn abandoned_runs_are_reported_not_timed() {
+    let f = variability(
+        "failures.toml",
+        "rate_per_gpu_hour = 2e-5",
+        "rate_per_gpu_hour = 1e6",
+    );
+    small_predict_refused(&f, "abandoned");
 }
 
 #[test]

@@ -250,23 +250,17 @@ pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
 /// chunk `v - 1 - (k mod pv) / p`; `2 (p - rank - 1) + (v - 1) p` warm-up forwards, then
 /// forward/backward pairs, then the remaining backwards.
 fn interleaved_chunk_peak(p: u64, v: u64, m: u64, rank: u64, chunk: Option<u64>) -> u64 {
-    let total = m * v;
-    let warmup = (2 * (p - rank - 1) + (v - 1) * p).min(total);
-    let fwd_chunk = |k: u64| (k % (p * v)) / p;
-    let bwd_chunk = |k: u64| v - 1 - (k % (p * v)) / p;
-    let counts = |c: u64| chunk.is_none_or(|x| x == c);
-    let (mut live, mut peak) = (0u64, 0u64);
-    for k in 0..total {
-        // Forward `k` (warm-up or steady state), then, in steady state, backward `k - warmup`.
-        if counts(fwd_chunk(k)) {
-            live += 1;
-            peak = peak.max(live);
-        }
-        if k >= warmup && counts(bwd_chunk(k - warmup)) {
-            live -= 1;
-        }
-    }
-    peak
+    let weights: Vec<f64> = (0..v)
+        .map(|c| {
+            if chunk.is_none_or(|x| x == c) {
+                1.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    // Sums of 0/1 weights: exact in f64.
+    interleaved_weighted_peak(p, v, m, rank, &weights) as u64
 }
 
 /// Bytes of transformer-layer activations pipeline rank `stage` holds at its peak: the
@@ -321,7 +315,8 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
 }
 
 /// Peak of `sum over chunks c of weights[c] x (micro-batches of chunk c in flight)` on pipeline
-/// rank `rank` under Megatron's interleaved 1F1B order (see [`interleaved_chunk_peak`]).
+/// rank `rank` under Megatron's interleaved 1F1B order (the order [`interleaved_chunk_peak`]
+/// describes).
 fn interleaved_weighted_peak(p: u64, v: u64, m: u64, rank: u64, weights: &[f64]) -> f64 {
     let total = m * v;
     let warmup = (2 * (p - rank - 1) + (v - 1) * p).min(total);

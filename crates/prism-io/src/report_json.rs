@@ -139,44 +139,80 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     v
 }
 
-/// The `[published]` section of a job beside the prediction: each published figure, Prism's
-/// value of the same quantity (nominal and expected with stragglers) and the signed errors in
-/// percent (positive: Prism is faster than the published run).
+/// One published figure beside Prism's value of the same quantity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PublishedRow {
+    /// JSON key of the figure (`tflops_per_gpu`, `mfu`, `iteration_time_s`).
+    pub key: &'static str,
+    /// The published value.
+    pub published: f64,
+    /// Prism's nominal value.
+    pub predicted: f64,
+    /// Prism's value at the expected iteration time with stragglers.
+    pub predicted_expected: f64,
+    /// Signed error of the nominal value, percent (positive: Prism predicts a faster run).
+    pub error_pct: f64,
+    /// Signed error of the value with stragglers, percent.
+    pub error_expected_pct: f64,
+}
+
+/// The figures of a `[published]` section that are given, each against the prediction.
+pub fn published_rows(
+    p: &crate::jobfile::Published,
+    s: &prism_core::report::Summary,
+) -> Vec<PublishedRow> {
+    // (key, published, nominal, expected, a higher value means a faster run)
+    let figures = [
+        (
+            "tflops_per_gpu",
+            p.tflops_per_gpu,
+            s.model_tflops_per_gpu,
+            s.expected_model_tflops_per_gpu,
+            true,
+        ),
+        ("mfu", p.mfu, s.mfu, s.expected_mfu, true),
+        (
+            "iteration_time_s",
+            p.iteration_time_s,
+            s.iteration_time_s,
+            s.expected_iteration_time_s,
+            false,
+        ),
+    ];
+    figures
+        .into_iter()
+        .filter_map(
+            |(key, published, predicted, predicted_expected, higher_is_faster)| {
+                let x = published?;
+                let err = |y: f64| {
+                    let e = 100.0 * (y - x) / x;
+                    if higher_is_faster { e } else { -e }
+                };
+                Some(PublishedRow {
+                    key,
+                    published: x,
+                    predicted,
+                    predicted_expected,
+                    error_pct: err(predicted),
+                    error_expected_pct: err(predicted_expected),
+                })
+            },
+        )
+        .collect()
+}
+
+/// The `[published]` section of a job beside the prediction: `source`, and per given figure
+/// the fields of a [`PublishedRow`].
 pub fn published_json(p: &crate::jobfile::Published, s: &prism_core::report::Summary) -> Value {
     let mut v = json!({ "source": p.source });
-    let mut put = |name: &str,
-                   published: Option<f64>,
-                   nominal: f64,
-                   expected: f64,
-                   higher_is_faster: bool| {
-        if let Some(x) = published {
-            let err = |y: f64| {
-                let e = 100.0 * (y - x) / x;
-                if higher_is_faster { e } else { -e }
-            };
-            v[name] = json!({
-                "published": x,
-                "predicted": nominal,
-                "predicted_expected": expected,
-                "error_pct": err(nominal),
-                "error_expected_pct": err(expected),
-            });
-        }
-    };
-    put(
-        "tflops_per_gpu",
-        p.tflops_per_gpu,
-        s.model_tflops_per_gpu,
-        s.expected_model_tflops_per_gpu,
-        true,
-    );
-    put("mfu", p.mfu, s.mfu, s.expected_mfu, true);
-    put(
-        "iteration_time_s",
-        p.iteration_time_s,
-        s.iteration_time_s,
-        s.expected_iteration_time_s,
-        false,
-    );
+    for r in published_rows(p, s) {
+        v[r.key] = json!({
+            "published": r.published,
+            "predicted": r.predicted,
+            "predicted_expected": r.predicted_expected,
+            "error_pct": r.error_pct,
+            "error_expected_pct": r.error_expected_pct,
+        });
+    }
     v
 }
