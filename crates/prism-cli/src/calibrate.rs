@@ -106,6 +106,14 @@ fn specs(generation: &str) -> Vec<Spec> {
             get: |p| p.comm.nic_efficiency,
             set: |p, x| p.comm.nic_efficiency = x,
         },
+        Spec {
+            name: "nccl_latency_scale",
+            lo: 0.05,
+            hi: 1.5,
+            log: true,
+            get: |p| p.comm.latency_scale,
+            set: |p, x| p.comm.latency_scale = x,
+        },
     ];
     if generation == "h100" {
         v.push(Spec {
@@ -394,7 +402,20 @@ fn fit_from_trace(
             .fold(f64::INFINITY, f64::min);
         let n = job.parallel.tp as f64;
         let c = &job.cluster;
-        let latency = base.comm.launch_us * 1e-6 + 2.0 * (n - 1.0) * c.nvlink_latency_us * 1e-6;
+        // The fastest instance is NCCL's Simple ring (an A100 node has no NVLS): its latency
+        // from NCCL's tuning tables, the rest is bandwidth.
+        let latency = prism_core::cost::comm::nccl_latency_s(
+            prism_core::cost::comm::Collective::AllReduce,
+            prism_core::cost::comm::Algorithm::Ring,
+            prism_core::cost::comm::Protocol::Simple,
+            prism_core::cost::comm::GroupShape {
+                ranks: n as u32,
+                nodes: 1,
+                per_node: n as u32,
+            },
+            prism_core::cost::comm::Arch::of(&c.gpu),
+            bytes,
+        ) * base.comm.latency_scale;
         let eff = 2.0 * (n - 1.0) / n * bytes as f64 / ((t - latency) * c.nvlink_gbps * 1e9 / 8.0);
         base.comm.nvlink_efficiency = eff.clamp(0.05, 1.0);
         println!(

@@ -1,24 +1,33 @@
-//! Collective communication cost: NCCL-style ring and tree algorithms on a two-level topology
-//! (NVLink inside a node, one NIC per GPU across nodes), in the alpha-beta form.
+//! Collective communication cost: NCCL's algorithms and protocols on a two-level topology
+//! (NVLink inside a node, one NIC per GPU across nodes), chosen as NCCL's tuner chooses them.
 //!
 //! A collective over `n` ranks spread as `per_node` ranks on each of `nodes` nodes is priced as
-//! a *plan*: a fixed latency (alpha: launch overhead plus one hop latency per algorithm step) and
-//! the bytes each GPU pushes through NVLink and through its NIC (beta). The engine turns the NIC
-//! bytes into a network flow that shares links with other traffic; on an idle network the
-//! duration is the closed form [`CommPlan::idle_seconds`].
+//! a *plan*: a fixed latency (alpha) and the bytes each GPU pushes through NVLink and through its
+//! NIC (beta). The engine turns the NIC bytes into a network flow that shares links with other
+//! traffic; on an idle network the duration is the closed form [`CommPlan::idle_seconds`].
 //!
-//! Ring (NCCL): with `per_node = k` ranks per node NCCL runs `k` channels, each ring leaving
-//! every node through a different NIC, so each NIC carries `1/k` of the ring traffic and NVLink
-//! carries the rest:
-//! - all-reduce: each rank sends `2 (n-1)/n * S`; reduce-scatter / all-gather: `(n-1)/n * S`
-//!   (S = the full, unsharded buffer); all-to-all: `(n-1)/n * S`.
-//! - steps: all-reduce `2 (n-1)`, reduce-scatter / all-gather `n - 1`; all-to-all 1 (pairwise
-//!   exchanges proceed concurrently).
+//! Bytes (S = the full, unsharded buffer):
+//! - ring: with `per_node = k` ranks per node NCCL runs `k` channels, each ring leaving every
+//!   node through a different NIC, so each NIC carries `1/k` of the ring traffic and NVLink the
+//!   rest. All-reduce: each rank sends `2 (n-1)/n S`; reduce-scatter / all-gather: `(n-1)/n S`;
+//!   all-to-all: `(n-1)/n S` (the share bound for other nodes over the NIC);
+//! - tree (all-reduce; a chain inside a node, NCCL's double binary tree across nodes): `2 S`,
+//!   the node's part spread over its `k` NICs;
+//! - NVLS (NVLink SHARP, all-reduce on Hopper and later): each byte goes to the NVSwitch once and
+//!   comes back reduced once; across nodes (NVLS tree) a tree joins the nodes.
 //!
-//! Tree (all-reduce only, NCCL's double binary tree across nodes, chain inside a node): the same
-//! bytes per NIC as the ring at large sizes, but `2 * ceil(log2(nodes))` inter-node steps instead
-//! of `2 (n - 1)`, so it wins for small messages on many nodes. The cheaper of the two is used,
-//! as NCCL's tuner does.
+//! Protocols carry payload at a fraction of the line rate (tuning.cc's refinements): Simple 1
+//! (0.92 on the tree), LL128 0.92 (0.7 with one rank per node; tree 0.92 x 120/128 across nodes,
+//! 0.92 x 7/9 inside one), LL 1/4 (1/3 for an all-gather or reduce-scatter inside a node; tree
+//! 0.92/3.8) and at most a per-generation cap. Latency is NCCL's own estimate
+//! ([`nccl_latency_s`]): a base cost per algorithm and protocol plus a hop cost per step, the
+//! steps across nodes at the network's cost, so it grows linearly with the ring and with
+//! `log2(nodes)` for the tree. [`plan_collective`] prices every candidate NCCL would consider
+//! and keeps the fastest, as `ncclTopoGetAlgoTime` and the tuner do.
+//!
+//! Not modelled: CollNet (in-network SHARP across nodes), PAT, NVLS for all-gather and
+//! reduce-scatter, the tree's small-size correction factors, per-channel bandwidth caps other
+//! than LL's.
 
 use crate::job::Cluster;
 use crate::units::{SimTime, ps_from_s};
@@ -55,6 +64,10 @@ pub enum Algorithm {
     Ring,
     /// Double binary tree across nodes.
     Tree,
+    /// NVLink SHARP: all-reduce inside the NVSwitch (one node).
+    Nvls,
+    /// NVLink SHARP inside nodes, a tree across nodes.
+    NvlsTree,
     /// Point-to-point send.
     P2p,
 }
@@ -68,6 +81,11 @@ pub struct CommParams {
     pub nic_efficiency: f64,
     /// Fixed cost of launching one collective or send (kernel launch, NCCL bookkeeping), us.
     pub launch_us: f64,
+    /// Measured collective latency over NCCL's own estimate ([`nccl_latency_s`]). NCCL's tables
+    /// rank algorithms; how long a hop really takes on a fabric is a physical figure, calibrated
+    /// per GPU generation. The choice of algorithm and protocol uses NCCL's unscaled estimate,
+    /// as NCCL does; the priced duration uses the scaled one.
+    pub latency_scale: f64,
 }
 
 impl Default for CommParams {
@@ -79,6 +97,7 @@ impl Default for CommParams {
             nvlink_efficiency: 0.78,
             nic_efficiency: 0.90,
             launch_us: 10.0,
+            latency_scale: 1.0,
         }
     }
 }
@@ -99,22 +118,24 @@ impl CommParams {
 
     /// A100 (DGX A100: NVLink 3 + NVSwitch, HDR InfiniBand).
     pub fn a100() -> Self {
-        // NVLink from the fastest 64 MiB all-reduce of the Megatron A100 Kineto trace (582 us
-        // over 8 GPUs); the NIC from the published A100 runs (docs/calibration.md).
+        // Fitted on the published A100 runs with NCCL's tuning model (docs/calibration.md,
+        // "Refit with NCCL's tuning model").
         CommParams {
-            nvlink_efficiency: 0.702,
-            nic_efficiency: 0.947,
+            nvlink_efficiency: 0.909,
+            nic_efficiency: 0.950,
             launch_us: 10.0,
+            latency_scale: 0.514,
         }
     }
 
     /// H100/H200 (DGX H100: NVLink 4 + NVSwitch, NDR InfiniBand / 400G RoCE).
     pub fn h100() -> Self {
-        // Fitted on the published H100 runs (docs/calibration.md).
+        // Fitted on the published H100 runs with NCCL's tuning model (docs/calibration.md).
         CommParams {
-            nvlink_efficiency: 0.865,
-            nic_efficiency: 0.943,
+            nvlink_efficiency: 0.905,
+            nic_efficiency: 0.950,
             launch_us: 10.0,
+            latency_scale: 0.130,
         }
     }
 }
@@ -135,6 +156,8 @@ pub struct GroupShape {
 pub struct CommPlan {
     /// Algorithm chosen.
     pub algorithm: Algorithm,
+    /// Protocol chosen.
+    pub protocol: Protocol,
     /// Fixed latency (alpha), picoseconds.
     pub latency_ps: SimTime,
     /// Time the NVLink part takes alone, picoseconds (it does not share links).
@@ -177,7 +200,211 @@ fn ps(seconds: f64) -> SimTime {
     }
 }
 
-/// Plans a collective of `bytes` over a group of `shape` on `cluster`.
+/// GPU generations NCCL's tuning tables distinguish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Volta and older.
+    Volta,
+    /// Ampere (A100, A800).
+    Ampere,
+    /// Hopper (H100, H800, H200): NVLink SHARP (NVLS) in the NVSwitch.
+    Hopper,
+    /// Blackwell (B200, GB200): treated as Hopper by the tables, NVLS available.
+    Blackwell,
+}
+
+impl Arch {
+    /// The generation of a GPU, from its name (Ampere when the name says nothing known).
+    pub fn of(gpu: &crate::job::Gpu) -> Arch {
+        let n = gpu.name.to_ascii_uppercase();
+        if n.contains("V100") || n.contains("P100") {
+            Arch::Volta
+        } else if n.contains("H100")
+            || n.contains("H800")
+            || n.contains("H200")
+            || n.contains("H20")
+        {
+            Arch::Hopper
+        } else if n.contains("B200") || n.contains("B100") || n.contains("B300") {
+            Arch::Blackwell
+        } else {
+            Arch::Ampere
+        }
+    }
+
+    fn row(self) -> usize {
+        match self {
+            Arch::Volta => 0,
+            Arch::Ampere => 1,
+            Arch::Hopper | Arch::Blackwell => 2,
+        }
+    }
+
+    /// NVLink SHARP: multimem reductions in the NVSwitch (sm90 and later).
+    fn has_nvls(self) -> bool {
+        matches!(self, Arch::Hopper | Arch::Blackwell)
+    }
+}
+
+/// NCCL's wire protocols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Protocol {
+    /// Low latency: 8-byte stores carrying 4 bytes of data and a flag.
+    Ll,
+    /// 128-byte lines carrying 120 bytes of data.
+    Ll128,
+    /// Plain copies with fences: full bandwidth, highest latency.
+    Simple,
+}
+
+impl Protocol {
+    /// Protocol name as NCCL prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ll => "LL",
+            Protocol::Ll128 => "LL128",
+            Protocol::Simple => "Simple",
+        }
+    }
+}
+
+const PROTOCOLS: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
+
+/// NCCL's tuning tables (`src/graph/tuning.cc`, NCCL 2.18-2.21), microseconds, indexed by
+/// protocol (LL, LL128, Simple). `BASE_*`: fixed cost of one collective; `NVLINK_*` / `NET_*`:
+/// the cost of one algorithm step over NVLink or over the network.
+mod nccl {
+    pub(super) const BASE_TREE: [f64; 3] = [6.8, 14.0, 0.0];
+    pub(super) const BASE_RING: [f64; 3] = [6.6, 14.0, 8.4];
+    pub(super) const BASE_NVLS: [f64; 3] = [0.0, 0.0, 0.0];
+    pub(super) const NVLINK_TREE: [f64; 3] = [0.6, 1.25, 4.0];
+    pub(super) const NVLINK_RING: [f64; 3] = [0.6, 1.9, 3.4];
+    pub(super) const NVLINK_NVLS: [f64; 3] = [0.0, 0.0, 25.0];
+    pub(super) const NET_TREE: [f64; 3] = [5.0, 8.5, 14.0];
+    pub(super) const NET_RING: [f64; 3] = [2.7, 4.0, 14.0];
+    pub(super) const NET_NVLS: [f64; 3] = [0.0, 0.0, 18.0];
+    pub(super) const NET_NVLS_TREE: [f64; 3] = [0.0, 0.0, 19.0];
+    /// CPU-side cost of posting a network operation (x86), us; three times that for Simple.
+    pub(super) const NET_OVERHEAD_US: f64 = 1.0;
+    /// Cap on the LL protocol's algorithm bandwidth, GB/s, by generation (Volta, Ampere,
+    /// Hopper) and by node count (1, 2, more).
+    pub(super) const LL_MAX_BW: [[f64; 3]; 3] =
+        [[39.0, 39.0, 20.4], [87.7, 22.5, 19.0], [141.0, 45.0, 35.0]];
+    /// A multi-node Simple ring all-reduce's latency grows by this factor (NCCL's "plateau
+    /// effect of ring"), 1.9 before sm80.
+    pub(super) const RING_PLATEAU: [f64; 3] = [1.9, 1.4, 1.4];
+    /// Channels NCCL opens on an 8-GPU NVSwitch node with 8 NICs (for the plateau rule).
+    pub(super) const CHANNELS: f64 = 16.0;
+}
+
+/// How much of a protocol's line traffic is payload, relative to Simple, for `algo` on a
+/// group with `nodes` nodes and `per_node` ranks on each (NCCL's model refinements).
+fn protocol_efficiency(
+    algo: Algorithm,
+    proto: Protocol,
+    op: Collective,
+    nodes: u32,
+    per_node: u32,
+) -> f64 {
+    match (algo, proto) {
+        (_, Protocol::Simple) if algo == Algorithm::Tree => 0.92,
+        (_, Protocol::Simple) => 1.0,
+        (Algorithm::Ring, Protocol::Ll) => {
+            if nodes > 1 || op == Collective::AllReduce {
+                1.0 / 4.0
+            } else {
+                1.0 / 3.0
+            }
+        }
+        (Algorithm::Ring, Protocol::Ll128) => {
+            if per_node < 2 {
+                0.7
+            } else {
+                0.92
+            }
+        }
+        (Algorithm::Tree, Protocol::Ll) => 0.92 / 3.8,
+        (Algorithm::Tree, Protocol::Ll128) => {
+            0.92 * if nodes == 1 { 7.0 / 9.0 } else { 120.0 / 128.0 }
+        }
+        _ => 0.0,
+    }
+}
+
+/// NCCL's latency estimate (seconds) of `op` with `algo` and `proto` on a group of `shape`
+/// ranks: a base cost plus one hop cost per algorithm step, the steps that cross nodes at the
+/// network's cost. Ring: `2 (n - 1)` steps for an all-reduce (`2 nodes` of them across nodes),
+/// `n - 1` for all-gather and reduce-scatter (`nodes - 1` across); tree: `2 ((n/nodes - 1)
+/// intra + floor(log2 nodes) inter)`; NVLS: the base cost, plus one network step across nodes
+/// (NVLS tree: `2 (nodes - 1)` of them). This latency grows with the group, linearly for the
+/// ring and logarithmically for the tree.
+pub fn nccl_latency_s(
+    op: Collective,
+    algo: Algorithm,
+    proto: Protocol,
+    shape: GroupShape,
+    arch: Arch,
+    bytes: u64,
+) -> f64 {
+    let p = proto as usize;
+    let n = shape.ranks.max(1) as f64;
+    let nodes = shape.nodes.max(1) as f64;
+    let (steps, inter_steps) = match op {
+        Collective::AllReduce => (
+            2.0 * (n - 1.0),
+            if shape.nodes > 1 { 2.0 * nodes } else { 0.0 },
+        ),
+        Collective::AllGather | Collective::ReduceScatter => (n - 1.0, nodes - 1.0),
+        Collective::AllToAll => (1.0, 0.0),
+    };
+    let us = match algo {
+        Algorithm::Ring => {
+            let mut intra = nccl::NVLINK_RING[p];
+            if shape.nodes > 1 {
+                let overhead =
+                    nccl::NET_OVERHEAD_US * if proto == Protocol::Simple { 3.0 } else { 1.0 };
+                intra = intra.max(overhead);
+            }
+            let mut lat = nccl::BASE_RING[p]
+                + (steps - inter_steps) * intra
+                + inter_steps * nccl::NET_RING[p];
+            if proto == Protocol::Simple
+                && shape.nodes > 1
+                && op == Collective::AllReduce
+                && bytes as f64 / (nccl::CHANNELS * n) >= 64.0
+            {
+                lat *= nccl::RING_PLATEAU[arch.row()];
+            }
+            lat
+        }
+        Algorithm::Tree => {
+            let depth = (shape.nodes.max(1)).ilog2() as f64;
+            nccl::BASE_TREE[p]
+                + 2.0 * ((n / nodes - 1.0) * nccl::NVLINK_TREE[p] + depth * nccl::NET_TREE[p])
+        }
+        Algorithm::Nvls => {
+            nccl::BASE_NVLS[p]
+                + nccl::NVLINK_NVLS[p]
+                + if shape.nodes > 1 {
+                    nccl::NET_NVLS[p]
+                } else {
+                    0.0
+                }
+        }
+        Algorithm::NvlsTree => {
+            nccl::BASE_NVLS[p] + nccl::NVLINK_NVLS[p] + 2.0 * (nodes - 1.0) * nccl::NET_NVLS_TREE[p]
+        }
+        Algorithm::P2p => 0.0,
+    };
+    us * 1e-6
+}
+
+/// Plans a collective of `bytes` over a group of `shape` on `cluster`, choosing the algorithm
+/// and protocol as NCCL's tuner does: every candidate NCCL would consider for this operation,
+/// generation and group is priced (latency from [`nccl_latency_s`], bandwidth from the
+/// cluster's links scaled by the protocol's payload efficiency), and the fastest on an idle
+/// network is kept (the first in NCCL's order on ties: tree, ring, NVLS, NVLS tree; LL, LL128,
+/// Simple).
 pub fn plan_collective(
     op: Collective,
     bytes: u64,
@@ -185,61 +412,141 @@ pub fn plan_collective(
     cluster: &Cluster,
     params: &CommParams,
 ) -> CommPlan {
-    let n = shape.ranks.max(1) as f64;
-    let k = shape.per_node.max(1) as f64;
-    let launch = params.launch_us * 1e-6;
     if shape.ranks <= 1 {
         return CommPlan {
             algorithm: Algorithm::Ring,
+            protocol: Protocol::Simple,
             latency_ps: 0,
             nvlink_ps: 0,
             nic_bytes: 0,
         };
     }
+    let arch = Arch::of(&cluster.gpu);
+    let mut best: Option<(f64, CommPlan)> = None;
+    let mut consider = |plan: CommPlan| {
+        let t = plan.idle_seconds(cluster, params);
+        if best.as_ref().is_none_or(|(b, _)| t < *b) {
+            best = Some((t, plan));
+        }
+    };
+    if op == Collective::AllToAll {
+        consider(price(
+            op,
+            Algorithm::Ring,
+            Protocol::Simple,
+            bytes,
+            shape,
+            cluster,
+            params,
+            arch,
+        ));
+        let mut plan = best.expect("one candidate").1;
+        plan.latency_ps = (plan.latency_ps as f64 * params.latency_scale).round() as SimTime;
+        return plan;
+    }
+    let mut algos = Vec::with_capacity(4);
+    if op == Collective::AllReduce {
+        algos.push(Algorithm::Tree);
+    }
+    algos.push(Algorithm::Ring);
+    // NVLS: all-reduce through the NVSwitch's multimem reductions, on Hopper and later with
+    // more than one GPU of the group on each node (NVLS tree joins the nodes by a tree).
+    if op == Collective::AllReduce && arch.has_nvls() && shape.per_node > 1 {
+        if shape.nodes == 1 {
+            algos.push(Algorithm::Nvls);
+        } else {
+            algos.push(Algorithm::NvlsTree);
+        }
+    }
+    for algo in algos {
+        for proto in PROTOCOLS {
+            let nvls = matches!(algo, Algorithm::Nvls | Algorithm::NvlsTree);
+            // LL128 is enabled by default on Volta, Ampere and Hopper only; NVLS is Simple.
+            if (nvls && proto != Protocol::Simple)
+                || (proto == Protocol::Ll128 && arch == Arch::Blackwell)
+            {
+                continue;
+            }
+            consider(price(op, algo, proto, bytes, shape, cluster, params, arch));
+        }
+    }
+    let mut plan = best.expect("ring is always a candidate").1;
+    plan.latency_ps = (plan.latency_ps as f64 * params.latency_scale).round() as SimTime;
+    plan
+}
+
+/// One candidate's plan: NCCL's latency and the bytes each GPU moves over NVLink and its NIC,
+/// inflated by the protocol's overhead.
+#[allow(clippy::too_many_arguments)]
+fn price(
+    op: Collective,
+    algo: Algorithm,
+    proto: Protocol,
+    bytes: u64,
+    shape: GroupShape,
+    cluster: &Cluster,
+    params: &CommParams,
+    arch: Arch,
+) -> CommPlan {
+    let n = shape.ranks.max(1) as f64;
+    let k = shape.per_node.max(1) as f64;
     let s = bytes as f64;
-    let (factor, steps) = match op {
-        Collective::AllReduce => (2.0 * (n - 1.0) / n, 2.0 * (n - 1.0)),
-        Collective::AllGather | Collective::ReduceScatter => ((n - 1.0) / n, n - 1.0),
-        Collective::AllToAll => ((n - 1.0) / n, 1.0),
+    let factor = match op {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => (n - 1.0) / n,
     };
     let per_rank = factor * s;
     let nvl_bw = nvlink_bytes_per_s(cluster, params);
-    let nvl_lat = cluster.nvlink_latency_us * 1e-6;
-    let nic_lat = cluster.nic_latency_us * 1e-6;
-    if shape.nodes <= 1 {
-        let t = per_rank / nvl_bw;
-        return CommPlan {
-            algorithm: Algorithm::Ring,
-            latency_ps: ps(launch + steps * nvl_lat),
-            nvlink_ps: ps(t),
-            nic_bytes: 0,
+    let latency = nccl_latency_s(op, algo, proto, shape, arch, bytes);
+    let eff = match algo {
+        // NVLS moves each byte once to the switch and once back (no ring pipeline), at the
+        // switch's reduction rate.
+        Algorithm::Nvls | Algorithm::NvlsTree => NVLS_EFFICIENCY,
+        _ => protocol_efficiency(algo, proto, op, shape.nodes, shape.per_node),
+    };
+    let (nvl_bytes, nic_bytes) = if shape.nodes <= 1 {
+        match algo {
+            Algorithm::Nvls => (s, 0.0),
+            // NCCL's tree (a chain inside a node) moves twice the buffer: algorithm bandwidth
+            // half the bus bandwidth.
+            Algorithm::Tree => (2.0 * s, 0.0),
+            _ => (per_rank, 0.0),
+        }
+    } else {
+        match (op, algo) {
+            // All-to-all: the share of a rank's data bound for other nodes crosses its NIC.
+            (Collective::AllToAll, _) => ((k - 1.0) / n * s, (n - k) / n * s),
+            (_, Algorithm::NvlsTree) => (s, 2.0 * s / k),
+            // The double binary tree: every node sends and receives the whole buffer, spread
+            // over its NICs.
+            (_, Algorithm::Tree) => (2.0 * s * (k - 1.0) / k, 2.0 * s / k),
+            // Ring: `k` channels leave every node through different NICs.
+            _ => (per_rank * (k - 1.0) / k, per_rank / k),
+        }
+    };
+    let mut nvl_s = nvl_bytes / (nvl_bw * eff);
+    if proto == Protocol::Ll {
+        // NCCL caps LL's algorithm bandwidth per generation and node count.
+        let col = match shape.nodes {
+            0 | 1 => 0,
+            2 => 1,
+            _ => 2,
         };
+        nvl_s = nvl_s.max(s / (nccl::LL_MAX_BW[arch.row()][col] * 1e9));
     }
-    // Across nodes. All-to-all: the share of a rank's data bound for other nodes crosses its NIC.
-    let (nic_bytes, nvl_bytes) = match op {
-        Collective::AllToAll => {
-            let remote = (n - k) / n * s;
-            (remote, (k - 1.0) / n * s)
-        }
-        _ => (per_rank / k, per_rank * (k - 1.0) / k),
-    };
-    let ring_latency = launch + steps * nic_lat.max(nvl_lat);
-    let mut plan = CommPlan {
-        algorithm: Algorithm::Ring,
-        latency_ps: ps(ring_latency),
-        nvlink_ps: ps(nvl_bytes / nvl_bw),
-        nic_bytes: nic_bytes.ceil() as u64,
-    };
-    if op == Collective::AllReduce {
-        let depth = (shape.nodes as f64).log2().ceil();
-        let tree_latency = launch + 2.0 * depth * nic_lat + 2.0 * (k - 1.0) * nvl_lat;
-        if tree_latency < ring_latency {
-            plan.algorithm = Algorithm::Tree;
-            plan.latency_ps = ps(tree_latency);
-        }
+    CommPlan {
+        algorithm: algo,
+        protocol: proto,
+        latency_ps: ps(latency),
+        nvlink_ps: ps(nvl_s),
+        nic_bytes: (nic_bytes / eff).ceil() as u64,
     }
-    plan
 }
+
+/// NVLS all-reduce bandwidth relative to the NVLink rate a ring achieves: nccl-tests on DGX
+/// H100 measure about 480 GB/s NVLS bus bandwidth against about 370 GB/s for the ring, i.e.
+/// an algorithm bandwidth of 274 GB/s moving each byte once, 0.70 of the ring's link rate.
+const NVLS_EFFICIENCY: f64 = 0.70;
 
 /// Plans a point-to-point send of `bytes`; `same_node` selects NVLink.
 pub fn plan_p2p(bytes: u64, same_node: bool, cluster: &Cluster, params: &CommParams) -> CommPlan {
@@ -247,6 +554,7 @@ pub fn plan_p2p(bytes: u64, same_node: bool, cluster: &Cluster, params: &CommPar
     if same_node {
         CommPlan {
             algorithm: Algorithm::P2p,
+            protocol: Protocol::Simple,
             latency_ps: ps(launch + cluster.nvlink_latency_us * 1e-6),
             nvlink_ps: ps(bytes as f64 / nvlink_bytes_per_s(cluster, params)),
             nic_bytes: 0,
@@ -254,6 +562,7 @@ pub fn plan_p2p(bytes: u64, same_node: bool, cluster: &Cluster, params: &CommPar
     } else {
         CommPlan {
             algorithm: Algorithm::P2p,
+            protocol: Protocol::Simple,
             latency_ps: ps(launch + cluster.nic_latency_us * 1e-6),
             nvlink_ps: 0,
             nic_bytes: bytes,
@@ -266,31 +575,201 @@ mod tests {
     use super::*;
     use crate::job::fixtures::h100_cluster;
 
+    fn a100_cluster(nodes: u32) -> Cluster {
+        let mut c = h100_cluster(nodes);
+        c.gpu.name = "A100-SXM4-80GB".into();
+        c.nvlink_gbps = 2400.0;
+        c.nic_gbps = 200.0;
+        c
+    }
+
+    fn shape(ranks: u32, nodes: u32, per_node: u32) -> GroupShape {
+        GroupShape {
+            ranks,
+            nodes,
+            per_node,
+        }
+    }
+
+    /// A large all-reduce inside an A100 node (no NVLS) is NCCL's Simple ring: latency
+    /// `8.4 + 14 x 3.4` us (tuning.cc's base and NVLink hop costs), bandwidth `2 (n-1)/n S`
+    /// over the NVLink rate.
     #[test]
-    fn intra_node_all_reduce_matches_alpha_beta() {
-        let c = h100_cluster(1);
-        let p = CommParams::default();
+    fn intra_node_all_reduce_is_the_simple_ring_closed_form() {
+        let c = a100_cluster(1);
+        let p = CommParams::a100();
         let bytes = 64u64 << 20;
-        let plan = plan_collective(
-            Collective::AllReduce,
-            bytes,
-            GroupShape {
-                ranks: 8,
-                nodes: 1,
-                per_node: 8,
-            },
-            &c,
-            &p,
+        let plan = plan_collective(Collective::AllReduce, bytes, shape(8, 1, 8), &c, &p);
+        assert_eq!(
+            (plan.algorithm, plan.protocol),
+            (Algorithm::Ring, Protocol::Simple)
         );
-        let alpha = p.launch_us * 1e-6 + 14.0 * c.nvlink_latency_us * 1e-6;
-        let beta =
-            2.0 * 7.0 / 8.0 * bytes as f64 / (c.nvlink_gbps * 1e9 / 8.0 * p.nvlink_efficiency);
+        let alpha = (8.4 + 14.0 * 3.4) * 1e-6 * p.latency_scale;
+        let beta = 2.0 * 7.0 / 8.0 * bytes as f64 / nvlink_bytes_per_s(&c, &p);
         let got = plan.idle_seconds(&c, &p);
         assert!(
             (got - (alpha + beta)).abs() < 1e-9,
             "{got} vs {}",
             alpha + beta
         );
+    }
+
+    /// Inside an A100 node the tuner's choice over a sweep of sizes equals the cheapest of the
+    /// six closed forms written out from tuning.cc (B = NVLink bandwidth, n = 8):
+    /// ring LL `15.0 us + 1.75 S / (B/4)` (and at least `S / 87.7 GB/s`), ring LL128 `40.6 us +
+    /// 1.75 S / (0.92 B)`, ring Simple `56.0 us + 1.75 S / B`, tree LL `15.2 us + 2 S / (0.92 B /
+    /// 3.8)`, tree LL128 `31.5 us + 2 S / (0.92 x 7/9 B)`, tree Simple `56.0 us + 2 S / (0.92 B)`;
+    /// and the protocol only ever moves from LL towards Simple as the size grows.
+    #[test]
+    fn choice_is_the_cheapest_nccl_closed_form() {
+        let c = a100_cluster(1);
+        // NCCL's own latency (scale 1): the choice and the price agree.
+        let p = CommParams {
+            latency_scale: 1.0,
+            ..CommParams::a100()
+        };
+        let bw = nvlink_bytes_per_s(&c, &p);
+        let forms = |s: f64| {
+            [
+                (
+                    Algorithm::Tree,
+                    Protocol::Ll,
+                    15.2e-6 + (2.0 * s / (0.92 / 3.8 * bw)).max(s / 87.7e9),
+                ),
+                (
+                    Algorithm::Tree,
+                    Protocol::Ll128,
+                    31.5e-6 + 2.0 * s / (0.92 * 7.0 / 9.0 * bw),
+                ),
+                (
+                    Algorithm::Tree,
+                    Protocol::Simple,
+                    56.0e-6 + 2.0 * s / (0.92 * bw),
+                ),
+                (
+                    Algorithm::Ring,
+                    Protocol::Ll,
+                    15.0e-6 + (1.75 * s / (bw / 4.0)).max(s / 87.7e9),
+                ),
+                (
+                    Algorithm::Ring,
+                    Protocol::Ll128,
+                    40.6e-6 + 1.75 * s / (0.92 * bw),
+                ),
+                (Algorithm::Ring, Protocol::Simple, 56.0e-6 + 1.75 * s / bw),
+            ]
+        };
+        let mut last = Protocol::Ll;
+        let mut seen = std::collections::BTreeSet::new();
+        for e in 0..=50 {
+            let s = 1024.0 * 2f64.powf(e as f64 * 0.5);
+            let plan = plan_collective(Collective::AllReduce, s as u64, shape(8, 1, 8), &c, &p);
+            let all = forms((s as u64) as f64);
+            let best = all
+                .iter()
+                .fold(all[0], |b, x| if x.2 < b.2 { *x } else { b });
+            assert_eq!((plan.algorithm, plan.protocol), (best.0, best.1), "{s} B");
+            let got = plan.idle_seconds(&c, &p);
+            assert!(
+                (got - best.2).abs() < 1e-9 + 1e-9 * best.2,
+                "{s} B: {got} vs {}",
+                best.2
+            );
+            assert!(
+                plan.protocol >= last,
+                "{s} B: {:?} after {last:?}",
+                plan.protocol
+            );
+            last = plan.protocol;
+            seen.insert(plan.protocol);
+        }
+        // All three protocols appear between 1 KiB and 32 GiB.
+        assert_eq!(seen.len(), 3);
+    }
+
+    /// NVLS (NVLink SHARP) takes a large all-reduce inside a Hopper node, never on Ampere, and
+    /// never a small one (its 25 us switch latency loses to LL).
+    #[test]
+    fn nvls_only_on_hopper_and_for_large_all_reduces() {
+        let h = h100_cluster(1);
+        let ph = CommParams::h100();
+        let big = plan_collective(Collective::AllReduce, 256 << 20, shape(8, 1, 8), &h, &ph);
+        assert_eq!(big.algorithm, Algorithm::Nvls);
+        let small = plan_collective(Collective::AllReduce, 4096, shape(8, 1, 8), &h, &ph);
+        assert_eq!(
+            (small.algorithm, small.protocol),
+            (Algorithm::Ring, Protocol::Ll)
+        );
+        let a = a100_cluster(1);
+        let pa = CommParams::a100();
+        let big_a = plan_collective(Collective::AllReduce, 256 << 20, shape(8, 1, 8), &a, &pa);
+        assert_eq!(big_a.algorithm, Algorithm::Ring);
+        // All-gather and reduce-scatter stay on the ring.
+        let ag = plan_collective(Collective::AllGather, 256 << 20, shape(8, 1, 8), &h, &ph);
+        assert_eq!(ag.algorithm, Algorithm::Ring);
+    }
+
+    /// Latency terms grow with the group: linearly in ranks for the ring, with `log2(nodes)`
+    /// for the tree, exactly as tuning.cc writes them.
+    #[test]
+    fn latency_grows_with_the_group() {
+        let arch = Arch::Hopper;
+        for nodes in [2u32, 4, 16, 64, 256] {
+            let sh = shape(nodes, nodes, 1);
+            let n = nodes as f64;
+            // Reduce-scatter ring, Simple: n - 1 steps, all of them across nodes.
+            let rs = nccl_latency_s(
+                Collective::ReduceScatter,
+                Algorithm::Ring,
+                Protocol::Simple,
+                sh,
+                arch,
+                1,
+            );
+            let want = (8.4 + (n - 1.0) * 14.0) * 1e-6;
+            assert!((rs - want).abs() < 1e-12, "{nodes}: {rs} vs {want}");
+            // All-reduce ring, LL: 2 (n-1) steps, 2 n of them counted across nodes.
+            let ar = nccl_latency_s(
+                Collective::AllReduce,
+                Algorithm::Ring,
+                Protocol::Ll,
+                sh,
+                arch,
+                1,
+            );
+            let want = (6.6 + (2.0 * (n - 1.0) - 2.0 * n) * 1.0 + 2.0 * n * 2.7) * 1e-6;
+            assert!((ar - want).abs() < 1e-12, "{nodes}: {ar} vs {want}");
+            // Tree, LL: 2 log2(nodes) network hops.
+            let tree = nccl_latency_s(
+                Collective::AllReduce,
+                Algorithm::Tree,
+                Protocol::Ll,
+                sh,
+                arch,
+                1,
+            );
+            let want = (6.8 + 2.0 * n.log2() * 5.0) * 1e-6;
+            assert!((tree - want).abs() < 1e-12, "{nodes}: {tree} vs {want}");
+        }
+        // The plateau of a large multi-node Simple ring all-reduce (x1.4 from sm80 on).
+        let sh = shape(16, 2, 8);
+        let small = nccl_latency_s(
+            Collective::AllReduce,
+            Algorithm::Ring,
+            Protocol::Simple,
+            sh,
+            arch,
+            1,
+        );
+        let large = nccl_latency_s(
+            Collective::AllReduce,
+            Algorithm::Ring,
+            Protocol::Simple,
+            sh,
+            arch,
+            1 << 30,
+        );
+        assert!((large / small - 1.4).abs() < 1e-12);
     }
 
     #[test]
