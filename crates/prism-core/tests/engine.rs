@@ -372,32 +372,19 @@ fn activation_memory_matches_korthikanti_gpt3() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. Collectives: alpha-beta closed forms, and the engine on an idle network
+// 3. Collectives: NCCL closed forms, and the engine on an idle network
 // ---------------------------------------------------------------------------------------------
 
-/// Textbook ring cost (NCCL): `n` ranks, `k` per node, buffer `S`. All-reduce moves
+/// NCCL's ring in closed form: `n` ranks, `k` per node, buffer `S`. All-reduce moves
 /// `2(n-1)/n S` per rank in `2(n-1)` steps, reduce-scatter / all-gather `(n-1)/n S` in `n-1`.
-/// NCCL's Simple ring in closed form. Inside a node everything goes over NVLink; across nodes
-/// NCCL runs `k` rings (channels), so each NIC carries `1/k` of the per-rank bytes and NVLink
-/// the other `(k-1)/k`, concurrently. Latency from NCCL's tuning tables: 8.4 us plus 3.4 us per
-/// NVLink step (at least 3 us with a network) and 14 us per network step; a multi-node
-/// all-reduce of at least 64 B per rank and channel counts `2 nodes` network steps and takes
-/// x1.4 (the ring plateau). Returns (seconds, NIC bytes per GPU).
-fn simple_ring(
-    op: Collective,
-    s: f64,
-    n: f64,
-    k: f64,
-    nodes: f64,
-    c: &prism_core::job::Cluster,
-    p: &CommParams,
-) -> (f64, f64) {
-    nccl_ring(op, s, n, k, nodes, c, p, Protocol::Simple)
-}
-
-/// [`simple_ring`] or the LL128 ring: 14 us plus 1.9 us per NVLink step (at least 1 us with a
-/// network) and 4 us per network step, every byte carried at 0.92 of the line rate (0.7 with
-/// one rank per node).
+/// Inside a node everything goes over NVLink; across nodes NCCL runs `k` rings (channels), so
+/// each NIC carries `1/k` of the per-rank bytes and NVLink the other `(k-1)/k`, concurrently.
+/// Latency from NCCL's tuning tables. Simple: 8.4 us plus 3.4 us per NVLink step (at least
+/// 3 us with a network) and 14 us per network step; a multi-node all-reduce of at least 64 B
+/// per rank and channel counts `2 nodes` network steps and takes x1.4 (the ring plateau).
+/// LL128: 14 us plus 1.9 us per NVLink step (at least 1 us with a network) and 4 us per network
+/// step, every byte carried at 0.92 of the line rate (0.7 with one rank per node). Returns
+/// (seconds, NIC bytes per GPU).
 #[allow(clippy::too_many_arguments)]
 fn nccl_ring(
     op: Collective,
@@ -478,8 +465,16 @@ fn collective_plans_match_the_nccl_ring() {
                         per_node: k,
                     };
                     let plan = plan_collective(op, bytes, shape, &c, &p);
-                    let (want, nic) =
-                        simple_ring(op, bytes as f64, n as f64, k as f64, nodes as f64, &c, &p);
+                    let (want, nic) = nccl_ring(
+                        op,
+                        bytes as f64,
+                        n as f64,
+                        k as f64,
+                        nodes as f64,
+                        &c,
+                        &p,
+                        Protocol::Simple,
+                    );
                     let got = plan.idle_seconds(&c, &p);
                     assert!(
                         got <= want * (1.0 + 1e-9) + 3e-12,
@@ -598,7 +593,7 @@ fn engine_collective_durations_equal_idle_plan() {
         for &(op, bytes, dur) in &dp {
             let plan = plan_collective(op, bytes, dp_shape, &job.cluster, &p);
             let want = (plan.idle_seconds(&job.cluster, &p) * 1e12).round() as i64;
-            let (ab, _) = simple_ring(
+            let (ab, _) = nccl_ring(
                 op,
                 bytes as f64,
                 dp_shape.ranks as f64,
@@ -606,6 +601,7 @@ fn engine_collective_durations_equal_idle_plan() {
                 dp_shape.nodes as f64,
                 &job.cluster,
                 &p,
+                Protocol::Simple,
             );
             eprintln!(
                 "[engine/dp {:?} {:?} {bytes} B over {dp_shape:?}] engine {dur} ps, plan {want} ps, Simple ring {:.0} ps, diff {} ps",

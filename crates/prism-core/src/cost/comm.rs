@@ -257,17 +257,6 @@ pub enum Protocol {
     Simple,
 }
 
-impl Protocol {
-    /// Protocol name as NCCL prints it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Ll => "LL",
-            Protocol::Ll128 => "LL128",
-            Protocol::Simple => "Simple",
-        }
-    }
-}
-
 const PROTOCOLS: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
 
 /// NCCL's tuning tables (`src/graph/tuning.cc`, NCCL 2.18-2.21), microseconds, indexed by
@@ -307,7 +296,10 @@ fn protocol_efficiency(
     per_node: u32,
 ) -> f64 {
     match (algo, proto) {
-        (_, Protocol::Simple) if algo == Algorithm::Tree => 0.92,
+        // NVLS moves each byte once to the switch and once back (no ring pipeline), at the
+        // switch's reduction rate.
+        (Algorithm::Nvls | Algorithm::NvlsTree, _) => NVLS_EFFICIENCY,
+        (Algorithm::Tree, Protocol::Simple) => 0.92,
         (_, Protocol::Simple) => 1.0,
         (Algorithm::Ring, Protocol::Ll) => {
             if nodes > 1 || op == Collective::AllReduce {
@@ -327,7 +319,7 @@ fn protocol_efficiency(
         (Algorithm::Tree, Protocol::Ll128) => {
             0.92 * if nodes == 1 { 7.0 / 9.0 } else { 120.0 / 128.0 }
         }
-        _ => 0.0,
+        (Algorithm::P2p, _) => unreachable!("sends are planned by plan_p2p"),
     }
 }
 
@@ -422,55 +414,40 @@ pub fn plan_collective(
         };
     }
     let arch = Arch::of(&cluster.gpu);
-    let mut best: Option<(f64, CommPlan)> = None;
-    let mut consider = |plan: CommPlan| {
-        let t = plan.idle_seconds(cluster, params);
-        if best.as_ref().is_none_or(|(b, _)| t < *b) {
-            best = Some((t, plan));
-        }
-    };
-    if op == Collective::AllToAll {
-        consider(price(
-            op,
-            Algorithm::Ring,
-            Protocol::Simple,
-            bytes,
-            shape,
-            cluster,
-            params,
-            arch,
-        ));
-        let mut plan = best.expect("one candidate").1;
-        plan.latency_ps = (plan.latency_ps as f64 * params.latency_scale).round() as SimTime;
-        return plan;
-    }
-    let mut algos = Vec::with_capacity(4);
+    // Candidates in NCCL's order: all-to-all is a pairwise exchange (the ring's bytes, Simple);
+    // all-reduce adds the tree and, on Hopper and later with more than one GPU of the group
+    // on each node, NVLS (NVLS tree across nodes).
+    let mut algos = Vec::with_capacity(3);
     if op == Collective::AllReduce {
         algos.push(Algorithm::Tree);
     }
     algos.push(Algorithm::Ring);
-    // NVLS: all-reduce through the NVSwitch's multimem reductions, on Hopper and later with
-    // more than one GPU of the group on each node (NVLS tree joins the nodes by a tree).
     if op == Collective::AllReduce && arch.has_nvls() && shape.per_node > 1 {
-        if shape.nodes == 1 {
-            algos.push(Algorithm::Nvls);
+        algos.push(if shape.nodes == 1 {
+            Algorithm::Nvls
         } else {
-            algos.push(Algorithm::NvlsTree);
-        }
+            Algorithm::NvlsTree
+        });
     }
+    let mut best: Option<(f64, CommPlan)> = None;
     for algo in algos {
         for proto in PROTOCOLS {
             let nvls = matches!(algo, Algorithm::Nvls | Algorithm::NvlsTree);
-            // LL128 is enabled by default on Volta, Ampere and Hopper only; NVLS is Simple.
-            if (nvls && proto != Protocol::Simple)
+            // NVLS and all-to-all are Simple; LL128 is enabled by default on Volta, Ampere and
+            // Hopper only.
+            if ((nvls || op == Collective::AllToAll) && proto != Protocol::Simple)
                 || (proto == Protocol::Ll128 && arch == Arch::Blackwell)
             {
                 continue;
             }
-            consider(price(op, algo, proto, bytes, shape, cluster, params, arch));
+            let plan = price(op, algo, proto, bytes, shape, cluster, params, arch);
+            let t = plan.idle_seconds(cluster, params);
+            if best.as_ref().is_none_or(|(b, _)| t < *b) {
+                best = Some((t, plan));
+            }
         }
     }
-    let mut plan = best.expect("ring is always a candidate").1;
+    let mut plan = best.expect("ring Simple is always a candidate").1;
     plan.latency_ps = (plan.latency_ps as f64 * params.latency_scale).round() as SimTime;
     plan
 }
@@ -498,12 +475,7 @@ fn price(
     let per_rank = factor * s;
     let nvl_bw = nvlink_bytes_per_s(cluster, params);
     let latency = nccl_latency_s(op, algo, proto, shape, arch, bytes);
-    let eff = match algo {
-        // NVLS moves each byte once to the switch and once back (no ring pipeline), at the
-        // switch's reduction rate.
-        Algorithm::Nvls | Algorithm::NvlsTree => NVLS_EFFICIENCY,
-        _ => protocol_efficiency(algo, proto, op, shape.nodes, shape.per_node),
-    };
+    let eff = protocol_efficiency(algo, proto, op, shape.nodes, shape.per_node);
     let (nvl_bytes, nic_bytes) = if shape.nodes <= 1 {
         match algo {
             Algorithm::Nvls => (s, 0.0),
