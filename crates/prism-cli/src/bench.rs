@@ -219,6 +219,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     times.push(t0.elapsed().as_secs_f64());
                 }
                 draws = Some(m.draws_per_sample(&fast));
+                for (k, ps) in m.pool_summary(&fast, 1.0, 0)?.iter().enumerate() {
+                    println!(
+                        "  pooled shape {k}: {} instructions, {} blocks per sample, block {:.1} us \
+                         (sd {:.2} us)",
+                        ps.instructions,
+                        ps.blocks_per_sample,
+                        ps.mean_s * 1e6,
+                        ps.sd_s * 1e6
+                    );
+                }
             }
             Run::Pruned => {
                 let p = step_perturbation(job.num_gpus() as usize, true, true);

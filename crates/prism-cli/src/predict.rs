@@ -55,6 +55,13 @@ pub struct PredictArgs {
     /// replica and value); this switch is for timing and checking that shortcut.
     #[arg(long)]
     no_prune: bool,
+    /// Draw every lane of every lane race exactly. By default, when one block shape in which
+    /// the lanes of a tensor-parallel group race (a weight-gradient GEMM overlapping the
+    /// group's collective) occurs at least 262,144 times per sample, each sample draws 65,536
+    /// of them exactly and every block picks one at random: each block exactly distributed,
+    /// blocks of one sample sharing the pool (bound in docs/variability.md)
+    #[arg(long)]
+    no_pool: bool,
     /// Write an SVG of the step-time and training-time CDFs with the guarantee marked.
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
@@ -130,6 +137,7 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         seed,
         per_rank: args.per_rank,
         prune: !args.no_prune,
+        pool: !args.no_pool,
     };
     let pr = prism_predict::predict::predict(job, v, &opts, &base_opts, &|n| bar.inc(n))?;
     bar.finish_and_clear();

@@ -280,6 +280,13 @@ fn pruning_changes_no_number() {
     };
     let (pruned, full) = (run(true), run(false));
     assert_eq!(pruned, full);
+    // Nothing repeats often enough here to be pooled: `--no-pool` changes nothing either.
+    let mut a = args(true);
+    a.push("--no-pool".into());
+    assert_eq!(
+        prism(&a.iter().map(String::as_str).collect::<Vec<_>>()),
+        pruned
+    );
     let s = &pruned["step_time_s"];
     assert!(s["max"].as_f64().unwrap() > s["min"].as_f64().unwrap());
     assert!(

@@ -333,6 +333,7 @@ fn entry_points(loaded: &prism_io::jobfile::LoadedJob) -> bool {
         seed: 1,
         per_rank: false,
         prune: true,
+        pool: true,
     };
     let pred = prism_predict::predict::predict(
         job,

@@ -558,7 +558,7 @@ pub fn sample(
                 opts.samples,
                 opts.clusters,
                 opts.per_rank,
-                true,
+                crate::predict::Shortcuts::default(),
                 &base_opts,
                 e.frozen.as_deref(),
                 progress,

@@ -46,6 +46,28 @@ pub struct PredictOptions {
     pub per_rank: bool,
     /// Replica pruning in the step model (exact; off only for timing and checking it).
     pub prune: bool,
+    /// Pooled lane races in the step model (an approximation with a stated bound, used only
+    /// where a race repeats hundreds of thousands of times per sample; off for checking it).
+    pub pool: bool,
+}
+
+/// The step model's shortcuts a caller may turn off ([`sample_steps`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shortcuts {
+    /// Replica pruning (exact but for probability below 1e-17 per replica and value).
+    pub prune: bool,
+    /// Pooled lane races ([`crate::step_model`]'s `pool` module: exact per block, blocks of a
+    /// sample sharing a pool of 65,536 exact draws).
+    pub pool: bool,
+}
+
+impl Default for Shortcuts {
+    fn default() -> Self {
+        Shortcuts {
+            prune: true,
+            pool: true,
+        }
+    }
 }
 
 impl PredictOptions {
@@ -131,7 +153,10 @@ pub fn predict(
         opts.samples,
         clusters,
         opts.per_rank,
-        opts.prune,
+        Shortcuts {
+            prune: opts.prune,
+            pool: opts.pool,
+        },
         base_opts,
         progress,
     )?;
@@ -380,12 +405,12 @@ pub fn sample_steps(
     samples: u64,
     clusters: u64,
     per_rank: bool,
-    prune: bool,
+    shortcuts: Shortcuts,
     base_opts: &SimOptions,
     progress: &Progress<'_>,
 ) -> Result<(Vec<f64>, String, Option<FastModel>), Error> {
     sample_steps_frozen(
-        job, v, seed, samples, clusters, per_rank, prune, base_opts, None, progress,
+        job, v, seed, samples, clusters, per_rank, shortcuts, base_opts, None, progress,
     )
 }
 
@@ -400,7 +425,7 @@ pub fn sample_steps_frozen(
     samples: u64,
     clusters: u64,
     per_rank: bool,
-    prune: bool,
+    shortcuts: Shortcuts,
     base_opts: &SimOptions,
     frozen: Option<&Frozen>,
     progress: &Progress<'_>,
@@ -421,7 +446,11 @@ pub fn sample_steps_frozen(
             Some(f) => StepModel::with_frozen(job, f),
             None => StepModel::new(job, base_opts),
         };
-        match model.and_then(|m| m.fast_stats(&probe).map(|f| (m, f))) {
+        let fast = |m: StepModel| {
+            let f = m.fast_stats(&probe)?;
+            Ok((m, if shortcuts.pool { f } else { f.without_pools() }))
+        };
+        match model.and_then(fast) {
             Ok(model) => Some(model),
             Err(e) => {
                 why_not = Some(e.to_string());
@@ -431,8 +460,17 @@ pub fn sample_steps_frozen(
     };
     let method = match (&step_model, probe.is_symmetric()) {
         (_, true) => "ranks stay symmetric: one representative per stage, exact".to_string(),
-        (Some(_), false) => {
-            "max-plus step model: every GPU, frozen communication durations".to_string()
+        (Some((_, fast)), false) => {
+            let mut m =
+                "max-plus step model: every GPU, frozen communication durations".to_string();
+            let pooled = fast.pooled_shapes();
+            if !pooled.is_empty() {
+                m += &format!(
+                    "; {} lane-racing blocks per sample drawn from per-sample pools of exact draws",
+                    pooled.iter().sum::<u64>()
+                );
+            }
+            m
         }
         (None, false) => format!(
             "every rank simulated by the engine ({})",
@@ -440,7 +478,17 @@ pub fn sample_steps_frozen(
         ),
     };
     if let Some((m, fast)) = &step_model {
-        let steps = step_model_samples(job, v, seed, samples, clusters, prune, m, fast, progress)?;
+        let steps = step_model_samples(
+            job,
+            v,
+            seed,
+            samples,
+            clusters,
+            shortcuts.prune,
+            m,
+            fast,
+            progress,
+        )?;
         return Ok((steps, method, step_model));
     }
     // Exact shortcut: iterations that cannot differ are simulated once. A symmetric
@@ -764,9 +812,19 @@ mod tests {
         let job = small_job(2, 2, 2, 16);
         let base = SimOptions::default();
         let ticks = AtomicU64::new(0);
-        let (steps, _, model) = sample_steps(&job, v, 3, samples, 2, false, true, &base, &|n| {
-            ticks.fetch_add(n, Ordering::Relaxed);
-        })
+        let (steps, _, model) = sample_steps(
+            &job,
+            v,
+            3,
+            samples,
+            2,
+            false,
+            Shortcuts::default(),
+            &base,
+            &|n| {
+                ticks.fetch_add(n, Ordering::Relaxed);
+            },
+        )
         .unwrap();
         assert!(model.is_none(), "symmetric samples use the engine");
         let direct = (0..samples)

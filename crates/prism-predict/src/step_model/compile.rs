@@ -135,6 +135,9 @@ pub(super) enum Code {
     /// A fused run of one-time-for-every-lane steps `Tape::steps[s0..s1]`, each starting when
     /// the previous one ends (see [`Tape::fuse`]).
     Run { s0: u32, s1: u32 },
+    /// A pooled region ([`super::pool`]): its exits `Tape::pool_outs[o0..o1]` are its entry (the
+    /// only input) plus a row drawn uniformly from pool `shape` of the sample.
+    Pool { shape: u32, o0: u32, o1: u32 },
 }
 
 /// One step of a fused run: a duration added to the running time, whose end is written to
@@ -152,6 +155,8 @@ pub(super) enum StepKind {
     /// A segment whose lanes start together and of which only the latest lane is observable
     /// (or whose lanes are all alike): nominal `m`, standard deviation `sd`.
     Seg { m: f64, sd: f64 },
+    /// A pooled region: a duration drawn uniformly from pool `shape` of the sample.
+    Pool { shape: u32 },
 }
 
 /// One instruction: macro-op `op` of stage `stage`.
@@ -182,6 +187,8 @@ pub(super) struct Tape {
     pub(super) producer: Vec<u32>,
     /// (kernel index, value of the gating all-gather).
     pub(super) gates: Vec<(u32, Val)>,
+    /// Exits of the pooled regions ([`Code::Pool`]).
+    pub(super) pool_outs: Vec<Val>,
     /// Values per replica.
     pub(super) len: usize,
     /// Value of each macro-op of each stage (`None` for tail ops).
@@ -195,7 +202,7 @@ pub(super) struct Tape {
 }
 
 /// Source of [`Tape::id`].
-static NEXT_TAPE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+pub(super) static NEXT_TAPE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Tape {
     /// Fuses chains of instructions into runs: an instruction whose inputs and output are one
@@ -223,6 +230,7 @@ impl Tape {
                     pk: false,
                     ..
                 } if g0 == g1 => Some(StepKind::Seg { m, sd }),
+                Code::Pool { shape, o0, o1 } if o1 == o0 + 1 => Some(StepKind::Pool { shape }),
                 _ => None,
             };
             let Some(kind) = kind else {

@@ -96,6 +96,8 @@ pub(super) enum Draw<'a> {
         pk: &'a [Vec<bool>],
         table: &'a MaxTable,
         rank_factor: &'a [f64],
+        /// The sample's pools ([`super::pool`]; empty unless the program is pooled).
+        pools: &'a [Vec<f64>],
         seed: u64,
         rng: Xoshiro256PlusPlus,
     },
@@ -128,6 +130,24 @@ pub struct FastStats {
     pub(super) speeds: bool,
     /// What replica pruning needs ([`StepModel::sample_pruned`]); `None` when it cannot apply.
     pub(super) prune: Option<PruneWeights>,
+    /// The program with its lane races pooled ([`super::pool`]); `None` when no race repeats
+    /// often enough, with per-GPU speeds, or when pooling was turned off.
+    pub(super) pooled: Option<Pooled>,
+}
+
+impl FastStats {
+    /// Turns pooling off: every lane race drawn exactly, lane by lane.
+    pub fn without_pools(mut self) -> Self {
+        self.pooled = None;
+        self
+    }
+
+    /// The pooled shapes, each with the number of blocks one sample draws from its pool.
+    pub fn pooled_shapes(&self) -> Vec<u64> {
+        (self.pooled.iter())
+            .flat_map(|p| p.regions.iter().map(|r| r.uses))
+            .collect()
+    }
 }
 
 /// How many draws one fast sample takes ([`StepModel::draws_per_sample`]).
@@ -141,13 +161,36 @@ pub struct DrawCount {
 
 impl StepModel {
     /// The number of random draws one [`StepModel::sample_fast`] takes with these statistics
-    /// (with per-GPU speeds when they were made with them), counted on the compiled program. A
-    /// segment whose all-gather gate may still be running when it starts is counted at its
-    /// most: one draw per lane per piece between gates.
+    /// (with per-GPU speeds when they were made with them, without them when pooled), counted
+    /// on the compiled program: a pooled block is one draw of a whole group (its pick), and a
+    /// pool is its size times its block's draws. A segment whose all-gather gate may still be
+    /// running when it starts is counted at its most: one draw per lane per piece between
+    /// gates.
     pub fn draws_per_sample(&self, fast: &FastStats) -> DrawCount {
-        let l = lanes(&self.layout) as u64;
         let dp = self.layout.dp as u64;
-        let tape = &fast.tape;
+        let tape = fast.pooled.as_ref().map_or(&fast.tape, |p| &p.tape);
+        let mut n = self.tape_draws(fast, tape);
+        n.lane *= dp;
+        n.group *= dp;
+        for (s, st) in self.stages.iter().enumerate() {
+            for &op in &st.tail_ops {
+                if matches!(st.kind[op as usize], MKind::Seg { .. }) {
+                    n.lane += dp * lanes(&self.layout) as u64 * self.lane_draws(&fast.stats, s, op);
+                }
+            }
+        }
+        for region in fast.pooled.iter().flat_map(|p| &p.regions) {
+            let size = fast.pooled.as_ref().map_or(0, |p| p.size) as u64;
+            let r = self.tape_draws(fast, &region.tape);
+            n.lane += size * r.lane;
+            n.group += size * r.group;
+        }
+        n
+    }
+
+    /// Draws of one evaluation of `tape` (one replica, or one block of a pool).
+    fn tape_draws(&self, fast: &FastStats, tape: &Tape) -> DrawCount {
+        let l = lanes(&self.layout) as u64;
         let mut n = DrawCount::default();
         for ins in &tape.ins {
             match ins.code {
@@ -171,27 +214,21 @@ impl StepModel {
                 }
                 Code::Run { s0, s1 } => {
                     for step in &tape.steps[s0 as usize..s1 as usize] {
-                        if let StepKind::Seg { sd, .. } = step.kind
-                            && sd > 0.0
-                        {
-                            if fast.speeds {
-                                n.lane += l;
-                            } else {
-                                n.group += 1;
+                        match step.kind {
+                            StepKind::Seg { sd, .. } if sd > 0.0 => {
+                                if fast.speeds {
+                                    n.lane += l;
+                                } else {
+                                    n.group += 1;
+                                }
                             }
+                            StepKind::Pool { .. } => n.group += 1,
+                            StepKind::Seg { .. } | StepKind::Comm { .. } => {}
                         }
                     }
                 }
+                Code::Pool { .. } => n.group += 1,
                 Code::Add { .. } | Code::Tp { .. } | Code::Cp { .. } => {}
-            }
-        }
-        n.lane *= dp;
-        n.group *= dp;
-        for (s, st) in self.stages.iter().enumerate() {
-            for &op in &st.tail_ops {
-                if matches!(st.kind[op as usize], MKind::Seg { .. }) {
-                    n.lane += dp * l * self.lane_draws(&fast.stats, s, op);
-                }
             }
         }
         n

@@ -121,6 +121,21 @@ thread_local! {
     static SCRATCH: std::cell::Cell<Option<Work>> = const { std::cell::Cell::new(None) };
 }
 
+/// One row drawn uniformly from pool `shape` of a pooled fast sample: the region's durations,
+/// `width` of them (every lane, or one time for all).
+#[inline]
+fn pool_row<'a>(draw: &mut Draw<'a>, shape: u32, width: usize) -> &'a [f64] {
+    let Draw::Fast { pools, rng, .. } = draw else {
+        unreachable!("pooled programs are drawn by the fast sampler")
+    };
+    let pools: &'a [Vec<f64>] = pools;
+    let pool = &pools[shape as usize];
+    let rows = pool.len() / width;
+    let u: f64 = rng.random();
+    let k = ((u * rows as f64) as usize).min(rows - 1);
+    &pool[k * width..(k + 1) * width]
+}
+
 /// Where the iteration's last end was produced.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) enum Loc {
@@ -513,8 +528,22 @@ impl StepModel {
                                 }
                                 _ => m,
                             },
+                            StepKind::Pool { shape } => pool_row(draw, shape, 1)[0],
                         };
                         vals[step.out as usize] = t;
+                    }
+                }
+                Code::Pool { shape, o0, o1 } => {
+                    let outs = &tape.pool_outs[o0 as usize..o1 as usize];
+                    let row = pool_row(draw, shape, row_width(outs, l));
+                    let mut k = 0;
+                    for v in outs {
+                        let w = if v.lanes { l } else { 1 };
+                        let at = v.at as usize;
+                        for (x, &d) in vals[at..at + w].iter_mut().zip(&row[k..k + w]) {
+                            *x = t + d;
+                        }
+                        k += w;
                     }
                 }
                 Code::Seg { .. } => {

@@ -36,6 +36,10 @@
 //!   body). A class whose jitter is not one normal (log-normal, gamma, empirical, several
 //!   distributions) has no segment-sum shortcut: its segments are drawn kernel by kernel from
 //!   the class's distributions (several at one shared uniform, as the engine draws them).
+//!   Without per-GPU speeds, the blocks whose lanes race (a weight-gradient GEMM overlapping
+//!   its group's collective) are drawn from per-sample pools of exact draws when a shape
+//!   repeats often enough: each block exactly distributed, the blocks of a sample sharing the
+//!   pool (the `pool` module; an approximation with a stated bound).
 //!
 //! Context parallelism: a stage of a replica has `tp x cp` lanes; a TP collective starts at the
 //! latest lane of its TP group, a CP collective at the latest of its CP group, and a tail DP
@@ -49,16 +53,19 @@ mod attribute;
 mod compile;
 mod draw;
 mod eval;
+mod pool;
 mod prune;
 
 use attribute::*;
 use compile::*;
 use draw::*;
 use eval::*;
+use pool::*;
 use prune::*;
 
 pub use attribute::StepAttribution;
 pub use draw::{DrawCount, FastStats, normal_draws};
+pub use pool::{PoolSettings, PoolSummary};
 pub use prune::{Pilot, Pruner};
 
 use std::collections::BTreeMap;
@@ -267,6 +274,15 @@ impl StepModel {
     /// `p.rank_factor` is set, per-GPU speeds); an error when [`StepModel::sample_fast`] cannot
     /// draw it.
     pub fn fast_stats(&self, p: &Perturbation) -> Result<FastStats, SimError> {
+        self.fast_stats_with(p, PoolSettings::default())
+    }
+
+    /// [`StepModel::fast_stats`] with the given pooling of lane races (see the `pool` module).
+    pub fn fast_stats_with(
+        &self,
+        p: &Perturbation,
+        pools: PoolSettings,
+    ) -> Result<FastStats, SimError> {
         // Kernels alike in jitter (same class, same op-name entries) share a group.
         let mut keys: BTreeMap<(OpClass, Vec<usize>), u32> = BTreeMap::new();
         let mut group_key: Vec<(OpClass, Vec<usize>)> = Vec::new();
@@ -368,16 +384,24 @@ impl StepModel {
         } else {
             None
         };
+        // Lane races repeat identically only when the lanes are alike.
+        let pooled = if speeds {
+            None
+        } else {
+            self.pool_regions(&tape, pools)
+        };
         Ok(FastStats {
             stats,
             table: MaxTable::new(self.layout.tp),
             tape,
             speeds,
             prune,
+            pooled,
         })
     }
 
-    /// One sample drawn per segment with the exact order-statistic shortcuts. `rank_factor`
+    /// One sample drawn per segment with the exact order-statistic shortcuts (and, without
+    /// per-GPU speeds, the statistics' pools of lane races, if any). `rank_factor`
     /// holds persistent per-GPU time factors (empty = 1; non-empty only if the statistics were
     /// made with per-GPU speeds), `comm_factor` the communication regime, `seed` the sample's
     /// random stream.
@@ -388,8 +412,25 @@ impl StepModel {
         comm_factor: f64,
         seed: u64,
     ) -> Result<f64, SimError> {
+        let pools = match &fast.pooled {
+            Some(pooled) if rank_factor.is_empty() => {
+                let mut draw = self.fast_draw(fast, rank_factor, comm_factor, seed)?;
+                let scale = Scale::new(comm_factor, &draw);
+                self.fill_pools(pooled, &mut draw, scale)
+            }
+            _ => Vec::new(),
+        };
         let mut draw = self.fast_draw(fast, rank_factor, comm_factor, seed)?;
-        Ok(self.evaluate(&fast.tape, &mut draw, comm_factor))
+        let tape = match &fast.pooled {
+            Some(pooled) if !pools.is_empty() => {
+                if let Draw::Fast { pools: p, .. } = &mut draw {
+                    *p = &pools;
+                }
+                &pooled.tape
+            }
+            _ => &fast.tape,
+        };
+        Ok(self.evaluate(tape, &mut draw, comm_factor))
     }
 
     /// The fast sampler's draw for one sample, after checking its arguments.
@@ -416,6 +457,7 @@ impl StepModel {
             pk: &fast.stats.pk,
             table: &fast.table,
             rank_factor,
+            pools: &[],
             seed,
             rng: replica_rng(seed, 0),
         })

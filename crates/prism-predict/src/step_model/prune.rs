@@ -132,7 +132,7 @@ impl StepModel {
                     Code::Tp { .. } => Code::Tp { d: 0 },
                     Code::Cp { .. } => Code::Cp { d: 0 },
                     Code::Add { .. } => Code::Add { d: 0 },
-                    run @ Code::Run { .. } => run,
+                    Code::Run { .. } | Code::Pool { .. } => ins.code,
                 };
             }
             for step in &mut t.steps {
@@ -142,6 +142,7 @@ impl StepModel {
                         m: w(m, sd),
                         sd: 0.0,
                     },
+                    StepKind::Pool { .. } => unreachable!("pruning never sees a pooled program"),
                 };
             }
             // Replica 0's boundary values: the first `slots x lanes` of each stage's store.
