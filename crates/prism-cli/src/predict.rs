@@ -59,7 +59,7 @@ pub struct PredictArgs {
     /// the lanes of a tensor-parallel group race (a weight-gradient GEMM overlapping the
     /// group's collective) occurs at least 262,144 times per sample, each sample draws 65,536
     /// of them exactly and every block picks one at random: each block exactly distributed,
-    /// blocks of one sample sharing the pool (bound in docs/variability.md)
+    /// blocks of one sample sharing the pool (bound in docs/predict.md, "Pooled lane races")
     #[arg(long)]
     no_pool: bool,
     /// Write an SVG of the step-time and training-time CDFs with the guarantee marked.

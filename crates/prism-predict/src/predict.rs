@@ -21,7 +21,7 @@ use rand::RngExt;
 use crate::perturbation::Perturbation;
 use crate::reliability::{self, RunModel};
 use crate::stats;
-use crate::step_model::{FastStats, Frozen, Pruner, StepModel};
+use crate::step_model::{FastStats, Frozen, PoolSettings, Pruner, StepModel};
 use crate::variability::{Dist, Variability};
 use crate::{Error, Progress};
 
@@ -446,11 +446,12 @@ pub fn sample_steps_frozen(
             Some(f) => StepModel::with_frozen(job, f),
             None => StepModel::new(job, base_opts),
         };
-        let fast = |m: StepModel| {
-            let f = m.fast_stats(&probe)?;
-            Ok((m, if shortcuts.pool { f } else { f.without_pools() }))
+        let pools = if shortcuts.pool {
+            PoolSettings::default()
+        } else {
+            PoolSettings::OFF
         };
-        match model.and_then(fast) {
+        match model.and_then(|m| m.fast_stats_with(&probe, pools).map(|f| (m, f))) {
             Ok(model) => Some(model),
             Err(e) => {
                 why_not = Some(e.to_string());

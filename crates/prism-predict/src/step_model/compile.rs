@@ -110,6 +110,13 @@ pub(super) struct Val {
     pub(super) lanes: bool,
 }
 
+impl Val {
+    /// Values it occupies with `l` lanes per stage.
+    pub(super) fn width(self, l: usize) -> usize {
+        if self.lanes { l } else { 1 }
+    }
+}
+
 /// What an instruction of the replica program computes.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Code {
@@ -670,7 +677,7 @@ impl StepModel {
                             at: tape.len as u32,
                             lanes,
                         };
-                        tape.len += if lanes { l as usize } else { 1 };
+                        tape.len += out.width(l as usize);
                         tape.val[s][op as usize] = Some(out);
                         tape.ins.push(Ins {
                             code,

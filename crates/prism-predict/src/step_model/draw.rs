@@ -136,12 +136,6 @@ pub struct FastStats {
 }
 
 impl FastStats {
-    /// Turns pooling off: every lane race drawn exactly, lane by lane.
-    pub fn without_pools(mut self) -> Self {
-        self.pooled = None;
-        self
-    }
-
     /// The pooled shapes, each with the number of blocks one sample draws from its pool.
     pub fn pooled_shapes(&self) -> Vec<u64> {
         (self.pooled.iter())
@@ -179,11 +173,12 @@ impl StepModel {
                 }
             }
         }
-        for region in fast.pooled.iter().flat_map(|p| &p.regions) {
-            let size = fast.pooled.as_ref().map_or(0, |p| p.size) as u64;
-            let r = self.tape_draws(fast, &region.tape);
-            n.lane += size * r.lane;
-            n.group += size * r.group;
+        if let Some(pooled) = &fast.pooled {
+            for region in &pooled.regions {
+                let r = self.tape_draws(fast, &region.tape);
+                n.lane += pooled.size as u64 * r.lane;
+                n.group += pooled.size as u64 * r.group;
+            }
         }
         n
     }

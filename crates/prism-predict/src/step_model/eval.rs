@@ -261,7 +261,7 @@ impl StepModel {
         self.replica(tape, r, draw, scale, work);
         let vals = &work.vals;
         for v in &tape.sinks {
-            let n = if v.lanes { l } else { 1 };
+            let n = v.width(l);
             for lane in 0..n {
                 last.note(
                     vals[v.at as usize + lane],
@@ -538,8 +538,7 @@ impl StepModel {
                     let row = pool_row(draw, shape, row_width(outs, l));
                     let mut k = 0;
                     for v in outs {
-                        let w = if v.lanes { l } else { 1 };
-                        let at = v.at as usize;
+                        let (at, w) = (v.at as usize, v.width(l));
                         for (x, &d) in vals[at..at + w].iter_mut().zip(&row[k..k + w]) {
                             *x = t + d;
                         }

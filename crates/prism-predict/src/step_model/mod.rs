@@ -412,24 +412,19 @@ impl StepModel {
         comm_factor: f64,
         seed: u64,
     ) -> Result<f64, SimError> {
-        let pools = match &fast.pooled {
-            Some(pooled) if rank_factor.is_empty() => {
-                let mut draw = self.fast_draw(fast, rank_factor, comm_factor, seed)?;
-                let scale = Scale::new(comm_factor, &draw);
-                self.fill_pools(pooled, &mut draw, scale)
-            }
-            _ => Vec::new(),
-        };
+        // Pools draw from streams of their own, and every replica restarts its stream: one
+        // draw serves both.
         let mut draw = self.fast_draw(fast, rank_factor, comm_factor, seed)?;
-        let tape = match &fast.pooled {
-            Some(pooled) if !pools.is_empty() => {
-                if let Draw::Fast { pools: p, .. } = &mut draw {
-                    *p = &pools;
-                }
-                &pooled.tape
+        let (tape, pools) = match &fast.pooled {
+            Some(pooled) if rank_factor.is_empty() => {
+                let scale = Scale::new(comm_factor, &draw);
+                (&pooled.tape, self.fill_pools(pooled, &mut draw, scale))
             }
-            _ => &fast.tape,
+            _ => (&fast.tape, Vec::new()),
         };
+        if let Draw::Fast { pools: p, .. } = &mut draw {
+            *p = &pools;
+        }
         Ok(self.evaluate(tape, &mut draw, comm_factor))
     }
 

@@ -13,16 +13,15 @@
 //! same instructions (the same layer in every micro-batch and replica) has the same law,
 //! independently of the others.
 //!
-//! A pooled sample draws, for each such *shape* used often enough, `n` exit vectors (65,536 by
-//! default, [`PoolSettings`])
-//! exactly (every lane, as the fast sampler does, at the sample's communication regime), and
-//! each block of the sample takes one of them uniformly at random. Each block is then exactly
+//! A pooled sample draws, for each such *shape* used often enough, `n` exit vectors exactly
+//! (65,536 by default, [`PoolSettings`]; every lane, as the fast sampler does, at the sample's
+//! communication regime), and each block of the sample takes one of them uniformly at random. Each block is then exactly
 //! distributed (an element of an i.i.d. sample picked independently of the values has the law
 //! of the elements); what is approximate is the independence between blocks of one sample,
 //! which share the pool. Its sampling error is common to them all: the pool's mean is off by
-//! `N(0, sigma^2/n)` (`sigma` the block's standard deviation), so with `K`
-//! pooled blocks on the critical path an iteration moves by about `K sigma/sqrt(n)`, and by more
-//! than four times that with probability 6e-5. `docs/variability.md` works this out for the
+//! `N(0, sigma^2/n)` (`sigma` the block's standard deviation), so with `K` pooled blocks on the
+//! critical path an iteration moves by about `K sigma/sqrt(n)`, and by more than four times
+//! that with probability 6e-5. `docs/predict.md` ("Pooled lane races") works this out for the
 //! 65,536-GPU job; the tests compare the pooled and exact samplers' distributions.
 //!
 //! Exact, before any pooling: an input of an instruction that is an ancestor of another of its
@@ -37,10 +36,18 @@ use std::collections::BTreeSet;
 /// When and how large the pools are ([`StepModel::fast_stats_with`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolSettings {
-    /// Exact draws of each pooled shape per sample (at most 2^20).
+    /// Exact draws of each pooled shape per sample (at most 2^20; 0: no pools).
     pub size: usize,
     /// Pool a shape only when one sample uses it at least this many times.
     pub min_uses: u64,
+}
+
+impl PoolSettings {
+    /// No pools: every lane race drawn exactly, lane by lane.
+    pub const OFF: PoolSettings = PoolSettings {
+        size: 0,
+        min_uses: u64::MAX,
+    };
 }
 
 impl Default for PoolSettings {
@@ -84,7 +91,7 @@ fn pool_stream(k: usize, i: usize) -> usize {
 
 /// Values a row of a pool holds for exits `exits` with `l` lanes.
 pub(super) fn row_width(exits: &[Val], l: usize) -> usize {
-    exits.iter().map(|v| if v.lanes { l } else { 1 }).sum()
+    exits.iter().map(|v| v.width(l)).sum()
 }
 
 /// One pooled shape of a sample ([`StepModel::pool_summary`]).
@@ -359,7 +366,7 @@ impl StepModel {
                 at: t.len as u32,
                 lanes: ins.out.lanes,
             };
-            t.len += if out.lanes { l } else { 1 };
+            t.len += out.width(l);
             local.insert(ins.out.at, out);
             let code = match ins.code {
                 // Members have no gates: none in this program's gate list either.
@@ -449,8 +456,8 @@ impl StepModel {
                 for i in 0..pooled.size {
                     self.replica(&region.tape, pool_stream(k, i), draw, scale, &mut work);
                     for v in &region.exits {
-                        let w = if v.lanes { l } else { 1 };
-                        pool.extend_from_slice(&work.vals[v.at as usize..v.at as usize + w]);
+                        let at = v.at as usize;
+                        pool.extend_from_slice(&work.vals[at..at + v.width(l)]);
                     }
                 }
                 pool
