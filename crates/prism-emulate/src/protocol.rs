@@ -174,9 +174,17 @@ pub struct Fault {
     pub message: String,
 }
 
-/// Real rank -> coordinator: a clean end.
+/// Real rank -> coordinator: a clean end. Both fields are optional (zero when absent), so the
+/// empty `Bye` of the first drafts stays valid.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Bye {}
+pub struct Bye {
+    /// Seconds of compute after the last call's release (the end of the iteration).
+    #[prost(double, tag = "1")]
+    pub compute_s: f64,
+    /// The rank's peak memory in bytes, as the rank measured it (0: not measured).
+    #[prost(uint64, tag = "2")]
+    pub peak_memory_bytes: u64,
+}
 
 /// Why a frame could not be read or written.
 #[derive(Debug, thiserror::Error)]

@@ -40,7 +40,7 @@ fn samples() -> Vec<Body> {
             op_index: 9,
             message: "never arrived".into(),
         }),
-        Body::Bye(Bye {}),
+        Body::Bye(Bye::default()),
     ]
 }
 
@@ -61,7 +61,7 @@ fn every_message_round_trips_through_a_stream() {
 /// (version, varint) and field 7 (an empty `Bye`).
 #[test]
 fn a_bye_frame_has_the_documented_bytes() {
-    let f = encode_frame(&Body::Bye(Bye {})).unwrap();
+    let f = encode_frame(&Body::Bye(Bye::default())).unwrap();
     assert_eq!(
         f,
         vec![0, 0, 0, 4, 0x08, PROTOCOL_VERSION as u8, 0x3a, 0x00]
@@ -85,7 +85,7 @@ fn another_version_is_named() {
     use prost::Message;
     let env = Envelope {
         version: 2,
-        body: Some(Body::Bye(Bye {})),
+        body: Some(Body::Bye(Bye::default())),
     };
     let mut f = (env.encoded_len() as u32).to_be_bytes().to_vec();
     env.encode(&mut f).unwrap();
