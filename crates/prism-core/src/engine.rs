@@ -23,7 +23,7 @@
 use crate::cost::comm::{self, CommParams, CommPlan, GroupShape};
 use crate::cost::compute::{ComputeModel, ComputeParams, KernelTable};
 use crate::graph::{ExecutionGraph, NUM_STREAMS, OpKind, Program, Stream};
-use crate::job::Job;
+use crate::job::{Cluster, Job};
 use crate::layout::{GROUP_KINDS, GroupKind, Layout};
 use crate::network::{Fabric, FlowEnd, LinkId, Network, normalize};
 use crate::ops::OpClass;
@@ -128,6 +128,9 @@ pub enum SimError {
         crate::units::s_from_ps(crate::units::TIME_LIMIT) / 86400.0
     )]
     TooLong,
+    /// An external rank's hook failed (a real rank crashed, sent the wrong call, timed out).
+    #[error("{0}")]
+    External(String),
     /// The simulation stopped with work left (a dependency cycle): a bug.
     #[error("simulation deadlocked at rank {rank} stream {stream}: {detail}")]
     Deadlock {
@@ -348,11 +351,51 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
             p.comm_factor()
         )));
     }
-    let mut sim = Sim::new(job, &graph, &compute, opts, fabric, reps, full);
+    let durations: Vec<Vec<SimTime>> = graph
+        .programs
+        .iter()
+        .map(|p| {
+            p.kind
+                .iter()
+                .map(|k| match k {
+                    OpKind::Compute(op) => compute.time_ps(op),
+                    _ => 0,
+                })
+                .collect()
+        })
+        .collect();
+    let cfg = RunCfg {
+        record_ranks: &opts.record_ranks,
+        ideal_network: opts.ideal_network,
+        perturbation: opts.perturbation.as_deref(),
+    };
+    let external = vec![Vec::new(); reps.len()];
+    let mut sim = Sim::new(
+        &job.cluster,
+        &graph,
+        durations,
+        cfg,
+        fabric,
+        reps,
+        full,
+        external,
+        None,
+    );
     sim.comm = comm_params;
     sim.run()?;
-    let (summary, ranks) = sim.finish(job);
-    let mut ranks = ranks;
+    let (iteration_ps, mut ranks) = sim.finish();
+    let t = iteration_ps as f64 * 1e-12;
+    // Averages weight each simulated instance by the ranks it stands for (all equal here:
+    // full mode has one rank per instance, reduced mode one stage per instance).
+    let mut avg = Breakdown::default();
+    for r in &ranks {
+        avg.add(&r.breakdown);
+    }
+    avg.scale(1.0 / ranks.len().max(1) as f64);
+    let stage_peak = (0..layout.pp)
+        .map(|s| crate::memory::stage_memory(job, s).total())
+        .collect::<Vec<u64>>();
+    let summary = Summary::new(job, t, avg, stage_peak, &graph);
     // Slices: report every requested rank with its representative's timing.
     if let Mode::Slice(wanted) = &opts.mode {
         let mut out = Vec::new();
@@ -382,10 +425,192 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     })
 }
 
+/// The ranks of a graph run whose compute durations are supplied at run time (the *real*
+/// ranks of hybrid emulation), and who hear when each of their communication ops completes.
+///
+/// The engine asks for a compute op's duration once every event of the instant at which the
+/// op starts has been handled (so every completion of that instant has been reported first),
+/// in the order the ops started; the call may block (a real rank is still computing). A run is
+/// deterministic when the hook's answers are.
+pub trait External {
+    /// Duration (ps) of compute op `op` (its id in the rank's program) of external `rank`,
+    /// which starts at emulated time `start`. An error ends the run with
+    /// [`SimError::External`].
+    fn compute_ps(&mut self, rank: u32, op: u32, start: SimTime) -> Result<SimTime, String>;
+    /// Communication op `op` of external `rank` completed at emulated time `end`. An error ends
+    /// the run with [`SimError::External`].
+    fn comm_done(&mut self, rank: u32, op: u32, end: SimTime) -> Result<(), String>;
+}
+
+/// Options of a run of a given graph ([`simulate_graph`]).
+#[derive(Clone, Debug, Default)]
+pub struct GraphOptions {
+    /// Which ranks are instances: every rank, or one per pipeline stage (exact when the
+    /// placement is symmetric, refused with [`SimError::Asymmetric`] otherwise).
+    pub mode: Mode,
+    /// Communication parameters; `None` picks the cluster GPU's calibrated values.
+    pub comm: Option<CommParams>,
+    /// Ranks whose every op is recorded.
+    pub record_ranks: Vec<u32>,
+    /// Communication costs nothing.
+    pub ideal_network: bool,
+    /// Ranks whose compute durations come from the [`External`] hook. In a reduced or slice
+    /// run, the instance of a stage stands for every external rank of that stage (it is the
+    /// stage's representative) and takes the longest of their durations; every other rank of
+    /// the stage replays it.
+    pub external_ranks: Vec<u32>,
+}
+
+/// Result of [`simulate_graph`].
+#[derive(Clone, Debug)]
+pub struct GraphResult {
+    /// The iteration: the last end of any rank, ps.
+    pub iteration_ps: SimTime,
+    /// Timings of the simulated instances, by rank (every rank in full mode; one representative
+    /// per stage otherwise, external ranks preferred).
+    pub ranks: Vec<RankTiming>,
+    /// Recorded timelines.
+    pub timelines: Vec<RankTimeline>,
+    /// Events processed.
+    pub events: u64,
+}
+
+/// Runs a given execution graph (for example one built from recorded traces, whose compute
+/// ops are [`Work::Measured`](crate::ops::Work::Measured) segments) on `cluster`: the same
+/// engine as [`simulate`], without a job. Compute ops must carry measured durations; ranks in
+/// `opts.external_ranks` get theirs from `hook` instead.
+pub fn simulate_graph<'a>(
+    graph: &'a ExecutionGraph,
+    cluster: &'a Cluster,
+    opts: &'a GraphOptions,
+    hook: Option<&'a mut dyn External>,
+) -> Result<GraphResult, SimError> {
+    let layout = graph.layout;
+    let n = layout.num_ranks();
+    if graph.programs.len() != layout.pp as usize {
+        return Err(SimError::InvalidOption(format!(
+            "the graph has {} programs for {} pipeline stages",
+            graph.programs.len(),
+            layout.pp
+        )));
+    }
+    if (layout.num_ranks() as u64) > cluster.num_gpus() {
+        return Err(SimError::InvalidOption(format!(
+            "the graph has {} ranks, more than the {} GPUs of cluster {}",
+            layout.num_ranks(),
+            cluster.num_gpus(),
+            cluster.name
+        )));
+    }
+    if layout.gpus_per_node != cluster.gpus_per_node {
+        return Err(SimError::InvalidOption(format!(
+            "the graph's layout assumes {} GPUs per node, cluster {} has {}",
+            layout.gpus_per_node, cluster.name, cluster.gpus_per_node
+        )));
+    }
+    for &r in opts.record_ranks.iter().chain(&opts.external_ranks).chain(match &opts.mode {
+        Mode::Slice(v) => v.iter(),
+        _ => [].iter(),
+    }) {
+        if r >= n {
+            return Err(SimError::NoSuchRank { rank: r, ranks: n });
+        }
+    }
+    if !opts.external_ranks.is_empty() && hook.is_none() {
+        return Err(SimError::InvalidOption(
+            "external ranks need a hook that supplies their compute".into(),
+        ));
+    }
+    let mut durations = Vec::with_capacity(graph.programs.len());
+    for (s, p) in graph.programs.iter().enumerate() {
+        let mut d = Vec::with_capacity(p.len());
+        for (op, k) in p.kind.iter().enumerate() {
+            d.push(match k {
+                OpKind::Compute(c) => match c.work {
+                    crate::ops::Work::Measured { ps } => ps,
+                    _ => {
+                        return Err(SimError::InvalidOption(format!(
+                            "op {op} ({}) of stage {s} has no measured duration; a graph without \
+                             a job runs measured segments only",
+                            c.name
+                        )));
+                    }
+                },
+                _ => 0,
+            });
+        }
+        durations.push(d);
+    }
+    let comm_params = opts
+        .comm
+        .clone()
+        .unwrap_or_else(|| CommParams::for_gpu(&cluster.gpu));
+    let nic_bps = comm::nic_bytes_per_s(cluster, &comm_params);
+    let fabric = Fabric::new(cluster, nic_bps);
+    let mut ext: Vec<u32> = opts.external_ranks.clone();
+    ext.sort_unstable();
+    ext.dedup();
+    let full = opts.mode == Mode::Full;
+    let reps: Vec<u32> = if full {
+        (0..n).collect()
+    } else {
+        symmetry_check_layout(&layout, &fabric)?;
+        let wanted: &[u32] = match &opts.mode {
+            Mode::Slice(v) => v,
+            _ => &[],
+        };
+        (0..layout.pp)
+            .map(|s| {
+                (ext.iter().chain(wanted))
+                    .copied()
+                    .find(|&r| layout.coord(r).pp == s)
+                    .unwrap_or(s * layout.stage_size())
+            })
+            .collect()
+    };
+    let external: Vec<Vec<u32>> = reps
+        .iter()
+        .map(|&r| {
+            if full {
+                ext.iter().copied().filter(|&e| e == r).collect()
+            } else {
+                let s = layout.coord(r).pp;
+                ext.iter()
+                    .copied()
+                    .filter(|&e| layout.coord(e).pp == s)
+                    .collect()
+            }
+        })
+        .collect();
+    let cfg = RunCfg {
+        record_ranks: &opts.record_ranks,
+        ideal_network: opts.ideal_network,
+        perturbation: None,
+    };
+    let mut sim = Sim::new(
+        cluster, graph, durations, cfg, fabric, reps, full, external, hook,
+    );
+    sim.comm = comm_params;
+    sim.run()?;
+    let (iteration_ps, ranks) = sim.finish();
+    Ok(GraphResult {
+        iteration_ps,
+        ranks,
+        timelines: std::mem::take(&mut sim.timelines),
+        events: sim.events,
+    })
+}
+
 /// Checks that every rank of a pipeline stage sees the same network: every group of a kind has
 /// the same shape, and every NIC and leaf link is crossed by the same number of copies of each
 /// flow class. Reduced and sliced runs are exact only then.
 pub fn symmetry_check(job: &Job, layout: &Layout, fabric: &Fabric) -> Result<(), SimError> {
+    debug_assert_eq!(job.parallel.pp, layout.pp);
+    symmetry_check_layout(layout, fabric)
+}
+
+/// [`symmetry_check`] for a layout alone (a graph without a job, e.g. from recorded traces).
+pub fn symmetry_check_layout(layout: &Layout, fabric: &Fabric) -> Result<(), SimError> {
     for kind in GROUP_KINDS {
         let first = group_shape(layout, kind, 0);
         for g in 1..layout.group_count(kind) {
@@ -399,7 +624,7 @@ pub fn symmetry_check(job: &Job, layout: &Layout, fabric: &Fabric) -> Result<(),
     // Per flow class, the per-link counts of its copies must be uniform over the links of each
     // type it touches (NIC tx, NIC rx, leaf up, leaf down).
     let mut links = Vec::new();
-    let classes = flow_classes(job, layout);
+    let classes = flow_classes(layout);
     for class in &classes {
         links.clear();
         class_links(layout, fabric, class, &mut links);
@@ -471,7 +696,7 @@ impl FlowClass {
     }
 }
 
-fn flow_classes(job: &Job, layout: &Layout) -> Vec<FlowClass> {
+fn flow_classes(layout: &Layout) -> Vec<FlowClass> {
     let mut out = Vec::new();
     for stage in 0..layout.pp {
         for kind in GROUP_KINDS {
@@ -479,7 +704,7 @@ fn flow_classes(job: &Job, layout: &Layout) -> Vec<FlowClass> {
                 out.push(FlowClass::Group { kind, stage });
             }
         }
-        if job.parallel.pp > 1 {
+        if layout.pp > 1 {
             out.push(FlowClass::Send { stage, delta: 1 });
             out.push(FlowClass::Send { stage, delta: -1 });
         }
@@ -566,12 +791,29 @@ fn group_shape(layout: &Layout, kind: GroupKind, group: u32) -> GroupShape {
     }
 }
 
+/// What a run needs besides the graph: the options that reach the event loop.
+#[derive(Clone, Copy)]
+struct RunCfg<'a> {
+    record_ranks: &'a [u32],
+    ideal_network: bool,
+    perturbation: Option<&'a dyn Perturb>,
+}
+
 struct Sim<'a> {
-    job: &'a Job,
+    cluster: &'a Cluster,
     graph: &'a ExecutionGraph,
     layout: Layout,
-    opts: &'a SimOptions,
+    opts: RunCfg<'a>,
     comm: CommParams,
+    /// Per instance, the external ranks it stands for (empty: a virtual instance).
+    external: Vec<Vec<u32>>,
+    /// Supplies the compute durations of external instances and hears of their communication.
+    hook: Option<&'a mut dyn External>,
+    /// Compute ops of external instances started at this instant, whose durations are asked
+    /// for once every event of the instant is done: (instance, op).
+    pending: Vec<(u32, u32)>,
+    /// The first error a hook returned.
+    hook_error: Option<SimError>,
     full: bool,
     /// Compute durations per program per op (0 for non-compute ops).
     durations: Vec<Vec<SimTime>>,
@@ -606,29 +848,19 @@ fn kind_index(kind: GroupKind) -> usize {
 }
 
 impl<'a> Sim<'a> {
+    #[allow(clippy::too_many_arguments)]
     fn new(
-        job: &'a Job,
+        cluster: &'a Cluster,
         graph: &'a ExecutionGraph,
-        compute: &ComputeModel,
-        opts: &'a SimOptions,
+        durations: Vec<Vec<SimTime>>,
+        opts: RunCfg<'a>,
         fabric: Fabric,
         reps: Vec<u32>,
         full: bool,
+        external: Vec<Vec<u32>>,
+        hook: Option<&'a mut dyn External>,
     ) -> Self {
         let layout = graph.layout;
-        let durations: Vec<Vec<SimTime>> = graph
-            .programs
-            .iter()
-            .map(|p| {
-                p.kind
-                    .iter()
-                    .map(|k| match k {
-                        OpKind::Compute(op) => compute.time_ps(op),
-                        _ => 0,
-                    })
-                    .collect()
-            })
-            .collect();
         let mut insts = Vec::with_capacity(reps.len());
         let mut mailbox = 0u32;
         let mut remaining_ops = 0u64;
@@ -704,11 +936,15 @@ impl<'a> Sim<'a> {
             .collect();
         let net = Network::new(fabric.capacity.clone());
         Sim {
-            job,
+            cluster,
             graph,
             layout,
             opts,
             comm: CommParams::default(),
+            external,
+            hook,
+            pending: Vec::new(),
+            hook_error: None,
             full,
             durations,
             insts,
@@ -752,9 +988,15 @@ impl<'a> Sim<'a> {
             self.advance(i, ((1u16 << NUM_STREAMS) - 1) as u8);
         }
         loop {
-            // Rates are recomputed once per instant, after everything that happens at it.
-            if self.net.needs_settle() && self.queue.instant_done() {
-                self.settle();
+            // Durations of external compute are asked for, and rates recomputed, once per
+            // instant, after everything else that happens at it.
+            if self.queue.instant_done() {
+                if !self.pending.is_empty() {
+                    self.resolve_pending()?;
+                }
+                if self.queue.instant_done() && self.net.needs_settle() {
+                    self.settle();
+                }
             }
             let Some((t, ev)) = self.queue.pop() else {
                 break;
@@ -763,6 +1005,9 @@ impl<'a> Sim<'a> {
             self.now = t;
             self.events += 1;
             self.handle(ev);
+            if let Some(e) = self.hook_error.take() {
+                return Err(e);
+            }
         }
         if self.too_long {
             return Err(SimError::TooLong);
@@ -770,6 +1015,43 @@ impl<'a> Sim<'a> {
         if self.remaining_ops != 0 {
             return Err(self.deadlock());
         }
+        Ok(())
+    }
+
+    /// Asks the hook for the duration of every external compute op that started at this
+    /// instant (in start order) and schedules its end. An instance standing for several external
+    /// ranks takes the longest of their durations.
+    fn resolve_pending(&mut self) -> Result<(), SimError> {
+        let pending = std::mem::take(&mut self.pending);
+        for &(inst, op) in &pending {
+            let mut dur: SimTime = 0;
+            for k in 0..self.external[inst as usize].len() {
+                let rank = self.external[inst as usize][k];
+                let hook = self.hook.as_deref_mut().expect("external instances have a hook");
+                let d = hook
+                    .compute_ps(rank, op, self.now)
+                    .map_err(SimError::External)?;
+                dur = dur.max(d);
+            }
+            let secs = dur as f64 * 1e-12;
+            let p = self.program(inst);
+            let i = &mut self.insts[inst as usize];
+            i.timing.compute_s += secs;
+            if let OpKind::Compute(c) = p.kind[op as usize]
+                && c.class == OpClass::Gemm
+            {
+                i.timing.gemm_s += secs;
+            }
+            self.push(
+                self.now.saturating_add(dur),
+                Event::OpDone {
+                    inst,
+                    stream: Stream::Compute as u8,
+                },
+            );
+        }
+        self.pending = pending;
+        self.pending.clear();
         Ok(())
     }
 
@@ -926,8 +1208,23 @@ impl<'a> Sim<'a> {
             });
         }
         self.remaining_ops -= 1;
+        if stream != Stream::Compute as usize && !self.external[inst as usize].is_empty() {
+            self.notify(inst, op);
+        }
         // The stream itself and the streams of ops waiting on this one may move now.
         p.dependent_streams[op as usize] | (1 << stream)
+    }
+
+    /// Tells the hook that communication op `op` of external instance `inst` completed now.
+    fn notify(&mut self, inst: u32, op: u32) {
+        let now = self.now;
+        for k in 0..self.external[inst as usize].len() {
+            let rank = self.external[inst as usize][k];
+            let hook = self.hook.as_deref_mut().expect("external instances have a hook");
+            if let Err(e) = hook.comm_done(rank, op, now) {
+                self.hook_error.get_or_insert(SimError::External(e));
+            }
+        }
     }
 
     /// Starts every op of `inst` on the streams in `mask` that can start now.
@@ -974,6 +1271,12 @@ impl<'a> Sim<'a> {
             i.started[s] = now;
         }
         match p.kind[op as usize] {
+            OpKind::Compute(_) if !self.external[inst as usize].is_empty() => {
+                // Its duration comes from the hook once this instant is done.
+                self.account_gap(inst, blocker, op);
+                self.pending.push((inst, op));
+                None
+            }
             OpKind::Compute(_) => {
                 self.account_gap(inst, blocker, op);
                 let end = self.run_kernels(inst, op);
@@ -1023,7 +1326,7 @@ impl<'a> Sim<'a> {
         let mut op = first;
         let mut start = self.now;
         loop {
-            let dur = match (&self.opts.perturbation, p.kind[op as usize]) {
+            let dur = match (self.opts.perturbation, p.kind[op as usize]) {
                 (Some(pt), OpKind::Compute(c)) => {
                     let f = pt.kernel_factor(i.rank, op, c.class, c.name);
                     ((durations[op as usize] as f64 * f).round().max(1.0))
@@ -1136,7 +1439,7 @@ impl<'a> Sim<'a> {
             coll,
             bytes,
             shape,
-            &self.job.cluster,
+            self.cluster,
             &self.comm,
         ));
         if self.opts.ideal_network {
@@ -1185,7 +1488,7 @@ impl<'a> Sim<'a> {
     /// Applies this iteration's communication regime: every part of the plan takes `comm_factor`
     /// times as long (NIC bytes scaled, so contention still shares the slower transfer).
     fn congested(&self, mut plan: CommPlan) -> CommPlan {
-        if let Some(p) = &self.opts.perturbation
+        if let Some(p) = self.opts.perturbation
             && p.comm_factor() != 1.0
         {
             let f = p.comm_factor();
@@ -1209,7 +1512,7 @@ impl<'a> Sim<'a> {
         let rank = self.insts[inst as usize].rank;
         let peer = wrap_peer(&self.layout, rank, delta);
         let same = self.fabric.same_node(rank, peer);
-        let plan = self.congested(comm::plan_p2p(bytes, same, &self.job.cluster, &self.comm));
+        let plan = self.congested(comm::plan_p2p(bytes, same, self.cluster, &self.comm));
         if self.opts.ideal_network {
             self.push(self.now, Event::SendDone { inst });
             return;
@@ -1250,14 +1553,14 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn finish(&mut self, job: &Job) -> (Summary, Vec<RankTiming>) {
+    /// The iteration time (the last end of any instance) and every instance's timing, by rank.
+    fn finish(&mut self) -> (SimTime, Vec<RankTiming>) {
         let iteration_ps = self
             .insts
             .iter()
             .map(|i| *i.last_done.iter().max().unwrap_or(&0))
             .max()
             .unwrap_or(0);
-        let t = iteration_ps as f64 * 1e-12;
         let mut ranks = Vec::with_capacity(self.insts.len());
         for i in &mut self.insts {
             let own_end = *i.last_done.iter().max().unwrap_or(&0);
@@ -1270,18 +1573,7 @@ impl<'a> Sim<'a> {
             ranks.push(i.timing.clone());
         }
         ranks.sort_by_key(|r| r.rank);
-        // Averages weight each simulated instance by the ranks it stands for (all equal here:
-        // full mode has one rank per instance, reduced mode one stage per instance).
-        let mut avg = Breakdown::default();
-        for r in &ranks {
-            avg.add(&r.breakdown);
-        }
-        avg.scale(1.0 / ranks.len().max(1) as f64);
-        let stage_peak = (0..self.layout.pp)
-            .map(|s| crate::memory::stage_memory(job, s).total())
-            .collect::<Vec<u64>>();
-        let summary = Summary::new(job, t, avg, stage_peak, self.graph);
-        (summary, ranks)
+        (iteration_ps, ranks)
     }
 }
 

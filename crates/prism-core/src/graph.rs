@@ -150,7 +150,7 @@ pub struct OpTag {
 pub const NONE: u32 = u32::MAX;
 
 /// The ops one class of ranks (one pipeline stage) runs in an iteration.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Program {
     /// Op kinds, by op id.
     pub kind: Vec<OpKind>,
@@ -218,7 +218,7 @@ impl Program {
 
 /// The execution graph of a job: one program per pipeline stage, plus the layout that maps ranks
 /// to programs and groups.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ExecutionGraph {
     /// Rank layout.
     pub layout: Layout,

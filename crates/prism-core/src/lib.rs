@@ -37,6 +37,7 @@ pub mod memory;
 pub mod network;
 pub mod ops;
 pub mod pipeline_layout;
+pub mod recorded;
 pub mod report;
 pub mod straggler;
 pub mod units;

@@ -100,6 +100,13 @@ pub enum Work {
         /// Bytes read plus bytes written.
         bytes: u64,
     },
+    /// A measured segment of a recorded trace (all the work a rank did between two
+    /// communication calls): it lasts exactly `ps` picoseconds, whatever the cost model says,
+    /// and counts no FLOPs or HBM bytes.
+    Measured {
+        /// Duration, picoseconds.
+        ps: u64,
+    },
 }
 
 impl Work {
@@ -131,7 +138,7 @@ impl Work {
                 // Backward: dQ, dK, dV, dP (4 GEMMs) + recomputed QK^T (1) = 2.5x forward.
                 if backward { 2.5 * masked } else { masked }
             }
-            Work::Memory { .. } => 0.0,
+            Work::Memory { .. } | Work::Measured { .. } => 0.0,
         }
     }
 
@@ -156,6 +163,7 @@ impl Work {
                 f * bytes_per_element * (qo + kv) as f64
             }
             Work::Memory { bytes } => bytes as f64,
+            Work::Measured { .. } => 0.0,
         }
     }
 }

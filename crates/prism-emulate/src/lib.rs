@@ -8,4 +8,8 @@
 //! ([`protocol`], specified in `docs/emulate.md`); slicing, the coordinator and the clients are
 //! to be built on it.
 
+pub mod coordinator;
+pub mod graph_file;
 pub mod protocol;
+pub mod slice;
+pub mod synth;

@@ -337,6 +337,7 @@ fn complete_event(
                     })
                 }
                 Work::Memory { bytes } => args.hbm_bytes = Some(bytes),
+                Work::Measured { .. } => {}
             }
             (EventName::Static(k.name), k.class.name())
         }

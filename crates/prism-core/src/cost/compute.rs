@@ -367,6 +367,7 @@ pub fn shape_key(work: &Work) -> String {
             format!("b{batch}h{heads}q{seq_q}k{seq_kv}d{head_dim}{c}")
         }
         Work::Memory { bytes } => format!("{bytes}B"),
+        Work::Measured { ps } => format!("{ps}ps"),
     }
 }
 
@@ -419,11 +420,17 @@ impl ComputeModel {
 
     /// Duration of `op`, picoseconds; at least 1 ps, and including the launch overhead.
     pub fn time_ps(&self, op: &ComputeOp) -> SimTime {
+        if let Work::Measured { ps } = op.work {
+            return ps;
+        }
         ps_from_s(self.time_s(op)).max(1)
     }
 
     /// Duration of `op`, seconds, including the launch overhead.
     pub fn time_s(&self, op: &ComputeOp) -> f64 {
+        if let Work::Measured { ps } = op.work {
+            return ps as f64 * 1e-12;
+        }
         let fp8 = self.runs_fp8(op);
         let dtype = if fp8 { "fp8" } else { "bf16" };
         if let Some(table) = self.table.as_ref() {
@@ -495,6 +502,7 @@ impl ComputeModel {
                 compute.max(work.bytes(2.0) / bw)
             }
             Work::Memory { bytes } => bytes as f64 / bw,
+            Work::Measured { ps } => ps as f64 * 1e-12,
         }
     }
 
