@@ -11,5 +11,6 @@
 pub mod coordinator;
 pub mod graph_file;
 pub mod protocol;
+pub mod replay;
 pub mod slice;
 pub mod synth;
