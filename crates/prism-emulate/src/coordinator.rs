@@ -154,6 +154,8 @@ pub struct Report {
     pub emulated_iteration_s: f64,
     /// Wall time from the first `Welcome` to the end of the engine run, seconds.
     pub wall_s: f64,
+    /// The instant the emulated clock started (emulated time 0, just before the `Welcome`s).
+    pub clock_start: Instant,
     /// Engine events.
     pub events: u64,
     /// Per real rank, by rank.
@@ -745,6 +747,7 @@ fn session(
         emulated_s,
         emulated_iteration_s: emulated_s / iters,
         wall_s,
+        clock_start: t0,
         events: res.events,
         ranks,
     })
@@ -977,7 +980,8 @@ impl Hook {
         st.answered += 1;
         let end_s = end as f64 * 1e-12;
         let at = match self.clock {
-            Clock::Wall => Some(self.t0 + Duration::from_secs_f64(end_s)),
+            // Whole nanoseconds, rounded up: never before the emulated completion.
+            Clock::Wall => Some(self.t0 + Duration::from_nanos(end.div_ceil(1000))),
             Clock::Asap => None,
         };
         let _ = st.out.send(Out {

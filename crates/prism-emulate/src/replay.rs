@@ -53,12 +53,14 @@ fn connect(addr: &str, timeout: Duration) -> Result<Box<dyn Stream>, String> {
 }
 
 /// What a replay saw.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct Replayed {
     /// The `Done` of every call, in order.
     pub done: Vec<Done>,
     /// Wall time from `Welcome` to each `Done`, seconds.
     pub wall_s: Vec<f64>,
+    /// The instant each `Done` was read.
+    pub done_at: Vec<Instant>,
 }
 
 /// Replays `calls` (then `bye`) as `rank` of a `world`-rank job against the coordinator at
@@ -109,6 +111,7 @@ pub fn replay(
                     return Err(format!("Done for seq {} after call {}", d.seq, c.seq));
                 }
                 out.wall_s.push(t0.elapsed().as_secs_f64());
+                out.done_at.push(Instant::now());
                 out.done.push(d);
             }
             Some(Body::Fault(f)) => return Err(format!("fault: {}", f.message)),

@@ -141,11 +141,14 @@ fn wall_clock_coupling_never_releases_early() {
     s.clock = Clock::Wall;
     let c = client(&s, 1, instantiate(&g, 1).unwrap(), ReplayOptions::default());
     let (rep, got) = run_with(&s, vec![c]);
-    rep.unwrap();
+    let rep = rep.unwrap();
     let got = got[0].as_ref().unwrap();
-    for (d, w) in got.done.iter().zip(&got.wall_s) {
-        assert!(*w >= d.emulated_end_s, "released at {w} s before {} s", d.emulated_end_s);
+    for (d, at) in got.done.iter().zip(&got.done_at) {
+        let w_ns = at.duration_since(rep.clock_start).as_nanos();
+        let end_ps = (d.emulated_end_s * 1e12).round() as u128;
+        assert!(w_ns * 1000 >= end_ps, "released at {w_ns} ns before {end_ps} ps");
     }
+    assert!(rep.ranks[0].max_lag_s >= 0.0 && rep.ranks[0].mean_lag_s <= rep.ranks[0].max_lag_s);
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
