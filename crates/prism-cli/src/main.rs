@@ -43,6 +43,9 @@ enum Command {
     /// Search the parallel layouts (tp, pp, dp, cp, vpp, micro-batch, recompute, distributed
     /// optimizer) of a job for the fastest that fits in memory; rank by mean, p95 or p99.
     Explore(explore::ExploreArgs),
+    /// Hybrid emulation (PrismLLM): slice recorded traces into a target-scale graph, or run
+    /// the coordinator that plays every virtual rank while real ranks connect.
+    Emulate(emulate::EmulateArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -89,6 +92,7 @@ struct SimulateArgs {
 
 mod bench;
 mod calibrate;
+mod emulate;
 mod explore;
 mod fit;
 mod predict;
@@ -110,6 +114,7 @@ fn main() -> ExitCode {
         Command::Predict(args) => predict::run(&args),
         Command::Fit(args) => fit::run(&args),
         Command::Explore(args) => explore::run(&args),
+        Command::Emulate(args) => emulate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
