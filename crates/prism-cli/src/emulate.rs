@@ -302,7 +302,8 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
         let out = serde_json::json!({
             "world_size": rep.world_size, "address": rep.address, "mode": rep.mode,
             "emulated_s": rep.emulated_s, "emulated_iteration_s": rep.emulated_iteration_s,
-            "wall_s": rep.wall_s, "events": rep.events, "real_ranks": ranks,
+            "wall_s": rep.wall_s, "setup_s": rep.setup_s, "events": rep.events,
+            "real_ranks": ranks,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -318,8 +319,9 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
         rep.address
     );
     println!(
-        "  emulated: {:.6} s ({:.6} s per iteration); wall {:.3} s; {} engine events",
-        rep.emulated_s, rep.emulated_iteration_s, rep.wall_s, rep.events
+        "  emulated: {:.6} s ({:.6} s per iteration); wall {:.3} s after {:.3} s of set-up; {} \
+         engine events",
+        rep.emulated_s, rep.emulated_iteration_s, rep.wall_s, rep.setup_s, rep.events
     );
     println!("  rank stage  calls  iteration (s)  compute (s)  max lag (s)  mean lag (s)  peak memory");
     for r in &rep.ranks {

@@ -152,8 +152,11 @@ pub struct Report {
     pub emulated_s: f64,
     /// `emulated_s / iterations`.
     pub emulated_iteration_s: f64,
-    /// Wall time from the first `Welcome` to the end of the engine run, seconds.
+    /// Wall time from the `Welcome`s (emulated time 0) to the end of the engine run, seconds.
     pub wall_s: f64,
+    /// Wall time from the last `Hello` to the `Welcome`s (building the engine's run: layout,
+    /// fabric, symmetry check), seconds.
+    pub setup_s: f64,
     /// The instant the emulated clock started (emulated time 0, just before the `Welcome`s).
     pub clock_start: Instant,
     /// Engine events.
@@ -651,23 +654,19 @@ fn session(
             },
         );
     }
-    // 2. Welcome; the emulated clock starts.
-    let t0 = Instant::now();
-    for p in peers.values() {
-        send(
-            p,
-            Out {
-                at: None,
-                body: Body::Welcome(Welcome {
-                    world_size: n,
-                    real_ranks: real.to_vec(),
-                }),
-            },
-        );
-    }
-    // 3. The engine, with the real ranks external.
+    let hellos_done = Instant::now();
+    // 2. The engine, with the real ranks external. The hook sends the Welcomes and starts the
+    // emulated clock when the engine first needs a real rank (its set-up is done by then, so
+    // it does not count as lag).
     let mut hook = Hook {
-        t0,
+        t0: None,
+        welcome: Some((
+            peers.values().filter_map(|p| p.out.clone()).collect(),
+            Welcome {
+                world_size: n,
+                real_ranks: real.to_vec(),
+            },
+        )),
         clock: setup.clock,
         timeout: setup.timeout,
         real: real.to_vec(),
@@ -712,6 +711,7 @@ fn session(
         }
         Err(e) => return Err(EmulateError::Engine(e.to_string())),
     };
+    let t0 = hook.t0.unwrap_or_else(Instant::now);
     let wall_s = t0.elapsed().as_secs_f64();
     let iters = setup.iterations.max(1) as f64;
     let size = setup.graph.layout.tp * setup.graph.layout.dp;
@@ -748,6 +748,7 @@ fn session(
         emulated_iteration_s: emulated_s / iters,
         wall_s,
         clock_start: t0,
+        setup_s: t0.saturating_duration_since(hellos_done).as_secs_f64(),
         events: res.events,
         ranks,
     })
@@ -765,12 +766,6 @@ fn refuse(conn: &mut Conn, rank: u32, message: String) {
         let _ = conn.write_all(&f);
     }
     conn.shutdown();
-}
-
-fn send(p: &Peer, out: Out) {
-    if let Some(tx) = &p.out {
-        let _ = tx.send(out);
-    }
 }
 
 fn reader_loop(mut conn: Conn, tx: Sender<Msg>) {
@@ -833,7 +828,10 @@ struct RankState {
 
 /// The engine's hook: real ranks' compute in, completions out.
 struct Hook {
-    t0: Instant,
+    /// When the emulated clock started (the Welcomes went out).
+    t0: Option<Instant>,
+    /// The Welcome and where to send it, until it is sent.
+    welcome: Option<(Vec<Sender<Out>>, Welcome)>,
     clock: Clock,
     timeout: Duration,
     real: Vec<u32>,
@@ -842,6 +840,20 @@ struct Hook {
 }
 
 impl Hook {
+    /// Sends the Welcomes and starts the emulated clock, once; returns its start.
+    fn start(&mut self) -> Instant {
+        if let Some((outs, w)) = self.welcome.take() {
+            self.t0 = Some(Instant::now());
+            for o in outs {
+                let _ = o.send(Out {
+                    at: None,
+                    body: Body::Welcome(w.clone()),
+                });
+            }
+        }
+        self.t0.expect("started")
+    }
+
     /// Keeps the first error (the engine carries only its text).
     fn fail(&mut self, e: EmulateError) -> String {
         let s = e.to_string();
@@ -893,6 +905,7 @@ impl Hook {
     }
 
     fn compute(&mut self, rank: u32, op: u32) -> Result<SimTime, EmulateError> {
+        self.start();
         let k = (op / 2) as u64;
         let total = self.ranks[&rank].expected.len() as u64;
         let body = self.next_frame(rank, k)?;
@@ -976,14 +989,15 @@ impl Hook {
     fn done(&mut self, rank: u32, op: u32, end: SimTime) -> Result<(), EmulateError> {
         let k = ((op - 1) / 2) as usize;
         let data = self.result(rank, k)?;
-        let st = self.ranks.get_mut(&rank).expect("rank");
-        st.answered += 1;
+        let t0 = self.start();
         let end_s = end as f64 * 1e-12;
         let at = match self.clock {
             // Whole nanoseconds, rounded up: never before the emulated completion.
-            Clock::Wall => Some(self.t0 + Duration::from_nanos(end.div_ceil(1000))),
+            Clock::Wall => Some(t0 + Duration::from_nanos(end.div_ceil(1000))),
             Clock::Asap => None,
         };
+        let st = self.ranks.get_mut(&rank).expect("rank");
+        st.answered += 1;
         let _ = st.out.send(Out {
             at,
             body: Body::Done(Done {
