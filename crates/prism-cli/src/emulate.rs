@@ -208,7 +208,14 @@ fn run_slice(a: &SliceArgs) -> Result<()> {
     for c in &st.per_class {
         println!(
             "  {:>5} {:>5} {:>8} {:>8} {:>12} {:>8} {:>13.6} {:>12}",
-            c.stage, c.rank, c.ops, c.calls, c.collectives, c.sends, c.compute_s, c.peak_memory_bytes
+            c.stage,
+            c.rank,
+            c.ops,
+            c.calls,
+            c.collectives,
+            c.sends,
+            c.compute_s,
+            c.peak_memory_bytes
         );
     }
     println!(
@@ -253,16 +260,24 @@ fn run_synth(a: &SynthArgs) -> Result<()> {
 }
 
 fn run_coordinator(a: &RunArgs) -> Result<()> {
-    let path = a.graph.as_ref().ok_or_else(|| anyhow!("give a sliced graph file"))?;
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let graph = SlicedGraph::from_json(&text, &path.display().to_string()).map_err(|e| anyhow!(e))?;
+    let path = a
+        .graph
+        .as_ref()
+        .ok_or_else(|| anyhow!("give a sliced graph file"))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let graph =
+        SlicedGraph::from_json(&text, &path.display().to_string()).map_err(|e| anyhow!(e))?;
     let n = graph.layout.world_size().map_err(|e| anyhow!(e))?;
     let real = crate::parse_rank_list(
         a.real_ranks.as_deref().unwrap_or_default(),
         "--real-ranks",
         n,
     )?;
-    let preset = a.cluster.clone().unwrap_or_else(|| graph.cluster.preset.clone());
+    let preset = a
+        .cluster
+        .clone()
+        .unwrap_or_else(|| graph.cluster.preset.clone());
     let mut sets = graph.cluster.set.clone();
     sets.extend(a.sets.iter().cloned());
     let cluster = resolve_cluster(&preset, &sets, n)?;
@@ -323,7 +338,9 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
          engine events",
         rep.emulated_s, rep.emulated_iteration_s, rep.wall_s, rep.setup_s, rep.events
     );
-    println!("  rank stage  calls  iteration (s)  compute (s)  max lag (s)  mean lag (s)  peak memory");
+    println!(
+        "  rank stage  calls  iteration (s)  compute (s)  max lag (s)  mean lag (s)  peak memory"
+    );
     for r in &rep.ranks {
         println!(
             "  {:>4} {:>5} {:>6} {:>14.6} {:>12.6} {:>12.6} {:>13.6} {:>12}",

@@ -508,10 +508,15 @@ pub fn simulate_graph<'a>(
             layout.gpus_per_node, cluster.name, cluster.gpus_per_node
         )));
     }
-    for &r in opts.record_ranks.iter().chain(&opts.external_ranks).chain(match &opts.mode {
-        Mode::Slice(v) => v.iter(),
-        _ => [].iter(),
-    }) {
+    for &r in opts
+        .record_ranks
+        .iter()
+        .chain(&opts.external_ranks)
+        .chain(match &opts.mode {
+            Mode::Slice(v) => v.iter(),
+            _ => [].iter(),
+        })
+    {
         if r >= n {
             return Err(SimError::NoSuchRank { rank: r, ranks: n });
         }
@@ -1027,7 +1032,10 @@ impl<'a> Sim<'a> {
             let mut dur: SimTime = 0;
             for k in 0..self.external[inst as usize].len() {
                 let rank = self.external[inst as usize][k];
-                let hook = self.hook.as_deref_mut().expect("external instances have a hook");
+                let hook = self
+                    .hook
+                    .as_deref_mut()
+                    .expect("external instances have a hook");
                 let d = hook
                     .compute_ps(rank, op, self.now)
                     .map_err(SimError::External)?;
@@ -1220,7 +1228,10 @@ impl<'a> Sim<'a> {
         let now = self.now;
         for k in 0..self.external[inst as usize].len() {
             let rank = self.external[inst as usize][k];
-            let hook = self.hook.as_deref_mut().expect("external instances have a hook");
+            let hook = self
+                .hook
+                .as_deref_mut()
+                .expect("external instances have a hook");
             if let Err(e) = hook.comm_done(rank, op, now) {
                 self.hook_error.get_or_insert(SimError::External(e));
             }

@@ -476,7 +476,10 @@ fn pair_sends(
             }
             for (k, &op) in sends.iter().enumerate() {
                 let (slot, rbytes) = slots[k];
-                if let OpKind::Send { bytes, slot: sl, .. } = &mut prog.kind[op] {
+                if let OpKind::Send {
+                    bytes, slot: sl, ..
+                } = &mut prog.kind[op]
+                {
                     if *bytes != rbytes {
                         return Err(TraceError::Unmatched(format!(
                             "rank {}, op {}: send {k} to stage {target} has {} bytes, and its \

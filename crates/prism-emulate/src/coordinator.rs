@@ -361,10 +361,7 @@ impl Drop for Children {
 /// Runs the coordinator until every real rank said `Bye` (see the module docs).
 pub fn run(setup: &Setup) -> Result<Report, EmulateError> {
     let g = &setup.graph;
-    let n = g
-        .layout
-        .world_size()
-        .map_err(EmulateError::Setup)?;
+    let n = g.layout.world_size().map_err(EmulateError::Setup)?;
     let mut real = setup.real_ranks.clone();
     real.sort_unstable();
     real.dedup();
@@ -592,11 +589,7 @@ fn session(
         let hello = match read_frame(&mut conn) {
             Ok(Some(Body::Hello(h))) => h,
             Ok(other) => {
-                refuse(
-                    &mut conn,
-                    u32::MAX,
-                    "the first frame must be Hello".into(),
-                );
+                refuse(&mut conn, u32::MAX, "the first frame must be Hello".into());
                 return Err(EmulateError::Setup(format!(
                     "a client on {address} opened with {} instead of Hello",
                     match other {
@@ -632,7 +625,9 @@ fn session(
         }
         conn.set_read_timeout(None)
             .map_err(|e| EmulateError::Setup(e.to_string()))?;
-        let reader_conn = conn.try_clone().map_err(|e| EmulateError::Setup(e.to_string()))?;
+        let reader_conn = conn
+            .try_clone()
+            .map_err(|e| EmulateError::Setup(e.to_string()))?;
         let (tx, rx) = mpsc::channel();
         let reader = std::thread::spawn(move || reader_loop(reader_conn, tx));
         let conn = Arc::new(Mutex::new(conn));
@@ -782,7 +777,12 @@ fn reader_loop(mut conn: Conn, tx: Sender<Msg>) {
     }
 }
 
-fn writer_loop(conn: Arc<Mutex<Conn>>, rx: Receiver<Out>, lag: Arc<Mutex<Lag>>, abort: Arc<AtomicBool>) {
+fn writer_loop(
+    conn: Arc<Mutex<Conn>>,
+    rx: Receiver<Out>,
+    lag: Arc<Mutex<Lag>>,
+    abort: Arc<AtomicBool>,
+) {
     while let Ok(out) = rx.recv() {
         if let Some(at) = out.at {
             // Sleep until the target in short steps, so that an abort is not held up.
@@ -1012,13 +1012,22 @@ impl Hook {
     /// The data result of call `k` of `rank` (empty when the rank sent no data).
     fn result(&self, rank: u32, k: usize) -> Result<Vec<u8>, EmulateError> {
         let st = &self.ranks[&rank];
-        let mine = st.received[k].as_ref().expect("a call is received before it completes");
+        let mine = st.received[k]
+            .as_ref()
+            .expect("a call is received before it completes");
         let op = Op::try_from(mine.op).expect("validated");
         if mine.data.is_empty() && op != Op::Recv {
             return Ok(Vec::new());
         }
         let group = mine.group.clone();
-        let err = |m: String| rank_err(rank, Some(group.clone()).filter(|g| !g.is_empty()), Some(k as u64), m);
+        let err = |m: String| {
+            rank_err(
+                rank,
+                Some(group.clone()).filter(|g| !g.is_empty()),
+                Some(k as u64),
+                m,
+            )
+        };
         match op {
             Op::Send | Op::Barrier => Ok(Vec::new()),
             Op::Recv => {
@@ -1036,9 +1045,9 @@ impl Hook {
                     .nth(j)
                     .map(|(i, _)| i)
                     .ok_or_else(|| err(format!("real peer {peer} has no matching send")))?;
-                let sent = pst.received[send_k]
-                    .as_ref()
-                    .ok_or_else(|| err(format!("real peer {peer}'s send {send_k} has not arrived")))?;
+                let sent = pst.received[send_k].as_ref().ok_or_else(|| {
+                    err(format!("real peer {peer}'s send {send_k} has not arrived"))
+                })?;
                 if sent.data.is_empty() {
                     Ok(vec![0; mine.bytes as usize])
                 } else {
@@ -1053,7 +1062,11 @@ impl Hook {
                     .min()
                     .expect("the rank itself is real");
                 let data_of = |m: u32| -> Result<&[u8], EmulateError> {
-                    let src = if self.ranks.contains_key(&m) { m } else { lowest };
+                    let src = if self.ranks.contains_key(&m) {
+                        m
+                    } else {
+                        lowest
+                    };
                     let c = self.ranks[&src].received[k]
                         .as_ref()
                         .ok_or_else(|| err(format!("rank {src}'s call {k} has not arrived")))?;
@@ -1063,7 +1076,11 @@ impl Hook {
                             c.group
                         )));
                     }
-                    Ok(if c.data.is_empty() { &mine.data } else { &c.data })
+                    Ok(if c.data.is_empty() {
+                        &mine.data
+                    } else {
+                        &c.data
+                    })
                 };
                 let contribs: Vec<&[u8]> = group
                     .iter()
@@ -1113,7 +1130,7 @@ pub fn combine(
     match op {
         Op::AllReduce => reduce(dtype, red, contribs, n),
         Op::ReduceScatter => {
-            if len % n != 0 {
+            if !len.is_multiple_of(n) {
                 return Err(format!(
                     "reduce-scatter of {len} bytes does not split into {n} shards"
                 ));
@@ -1131,7 +1148,7 @@ pub fn combine(
             Ok(contribs[r].to_vec())
         }
         Op::AllToAll => {
-            if len % n != 0 {
+            if !len.is_multiple_of(n) {
                 return Err(format!(
                     "all-to-all of {len} bytes does not split into {n} chunks"
                 ));
@@ -1155,8 +1172,10 @@ fn reduce(dtype: DType, red: ReduceOp, contribs: &[&[u8]], n: usize) -> Result<V
         enc: impl Fn(f64) -> [u8; W],
     ) -> Result<Vec<u8>, String> {
         let len = contribs[0].len();
-        if len % W != 0 {
-            return Err(format!("{len} bytes is not a whole number of {W}-byte elements"));
+        if !len.is_multiple_of(W) {
+            return Err(format!(
+                "{len} bytes is not a whole number of {W}-byte elements"
+            ));
         }
         let mut out = Vec::with_capacity(len);
         for i in (0..len).step_by(W) {
@@ -1210,8 +1229,10 @@ fn reduce(dtype: DType, red: ReduceOp, contribs: &[&[u8]], n: usize) -> Result<V
         DType::I64 => {
             // Integers beyond 2^53 would lose bits through f64: reduce them exactly.
             let len = contribs[0].len();
-            if len % 8 != 0 {
-                return Err(format!("{len} bytes is not a whole number of 8-byte elements"));
+            if !len.is_multiple_of(8) {
+                return Err(format!(
+                    "{len} bytes is not a whole number of 8-byte elements"
+                ));
             }
             let mut out = Vec::with_capacity(len);
             for i in (0..len).step_by(8) {

@@ -325,7 +325,9 @@ impl SlicedGraph {
                 g.version
             ));
         }
-        g.layout.world_size().map_err(|e| format!("{origin}: {e}"))?;
+        g.layout
+            .world_size()
+            .map_err(|e| format!("{origin}: {e}"))?;
         if g.classes.len() != g.layout.pp as usize {
             return Err(format!(
                 "{origin}: {} classes for {} pipeline stages; one per stage is needed",

@@ -40,9 +40,7 @@ pub struct RankTrace {
 /// Seconds to picoseconds, refusing what the engine cannot hold.
 pub fn ps_from_secs(s: f64) -> Result<u64, String> {
     if !s.is_finite() || s < 0.0 {
-        return Err(format!(
-            "compute_s {s} is not a finite non-negative number"
-        ));
+        return Err(format!("compute_s {s} is not a finite non-negative number"));
     }
     let ps = (s * 1e12).round();
     if ps >= TIME_LIMIT as f64 {
@@ -226,9 +224,11 @@ impl ClassTrace {
         let mut calls = Vec::with_capacity(t.calls.len());
         for c in &t.calls {
             let ps = ps_from_secs(c.compute_s)?;
-            calls.push(ClassCall::from_call(c, ps).map_err(|e| {
-                format!("{}: rank {}, op {}: {e}", t.origin, t.hello.rank, c.seq)
-            })?);
+            calls.push(
+                ClassCall::from_call(c, ps).map_err(|e| {
+                    format!("{}: rank {}, op {}: {e}", t.origin, t.hello.rank, c.seq)
+                })?,
+            );
         }
         Ok(ClassTrace {
             stage,
@@ -282,7 +282,10 @@ pub fn slice(
             ));
         }
     }
-    if let Some(w) = sorted.windows(2).find(|w| w[0].hello.rank == w[1].hello.rank) {
+    if let Some(w) = sorted
+        .windows(2)
+        .find(|w| w[0].hello.rank == w[1].hello.rank)
+    {
         return Err(format!(
             "{} and {}: two traces of rank {}",
             w[0].origin, w[1].origin, w[0].hello.rank
@@ -300,7 +303,10 @@ pub fn slice(
     graph_from_traces(layout.layout(1), &recorded).map_err(|e| {
         // Name the file of the rank at fault.
         let msg = e.to_string();
-        match sorted.iter().find(|t| msg.starts_with(&format!("rank {},", t.hello.rank))) {
+        match sorted
+            .iter()
+            .find(|t| msg.starts_with(&format!("rank {},", t.hello.rank)))
+        {
             Some(t) => format!("{}: {msg}", t.origin),
             None => msg,
         }
@@ -358,9 +364,7 @@ pub fn instantiate(g: &SlicedGraph, rank: u32) -> Result<Vec<Call>, String> {
                 let kind = prism_core::recorded::group_kind(&layout, rep, &c.group)
                     .ok_or_else(|| at(format!("group {:?} is not a layout group", c.group)))?;
                 let pos = c.group.iter().position(|&m| m == c.peer);
-                call.group = layout
-                    .members(kind, layout.group_of(kind, rank))
-                    .collect();
+                call.group = layout.members(kind, layout.group_of(kind, rank)).collect();
                 if let Some(p) = pos {
                     call.peer = call.group[p];
                 } else {

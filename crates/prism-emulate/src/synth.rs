@@ -122,7 +122,13 @@ pub fn trace(spec: &SynthSpec, rank: u32) -> RankTrace {
     pending_us += 13;
     let g = spec.grad_bytes;
     let shard = g / ls.dp as u64;
-    call(&mut pending_us, Op::ReduceScatter, &dp_group, shard * ls.dp as u64, 0);
+    call(
+        &mut pending_us,
+        Op::ReduceScatter,
+        &dp_group,
+        shard * ls.dp as u64,
+        0,
+    );
     pending_us += stage_us(spec.layer_us / 2);
     call(&mut pending_us, Op::AllGather, &dp_group, shard, 0);
     call(&mut pending_us, Op::AllReduce, &dp_group, 4, 0);

@@ -85,7 +85,10 @@ fn client(s: &Setup, rank: u32, calls: Vec<Call>, opts: ReplayOptions) -> Client
     })
 }
 
-fn run_with(s: &Setup, clients: Vec<Client>) -> (Result<Report, EmulateError>, Vec<Result<Replayed, String>>) {
+fn run_with(
+    s: &Setup,
+    clients: Vec<Client>,
+) -> (Result<Report, EmulateError>, Vec<Result<Replayed, String>>) {
     let r = coordinator::run(s);
     let c = clients.into_iter().map(|h| h.join().unwrap()).collect();
     (r, c)
@@ -120,7 +123,12 @@ fn real_ranks_see_the_offline_times() {
             let tl = offline.timelines.iter().find(|t| t.rank == r).unwrap();
             assert_eq!(c.done.len(), instantiate(&g, r).unwrap().len());
             for (k, d) in c.done.iter().enumerate() {
-                let end = tl.ops.iter().find(|o| o.op == 2 * k as u32 + 1).unwrap().end;
+                let end = tl
+                    .ops
+                    .iter()
+                    .find(|o| o.op == 2 * k as u32 + 1)
+                    .unwrap()
+                    .end;
                 assert_eq!(d.emulated_end_s, end as f64 * 1e-12, "rank {r} call {k}");
             }
             let rr = rep.ranks.iter().find(|x| x.rank == r).unwrap();
@@ -146,7 +154,10 @@ fn wall_clock_coupling_never_releases_early() {
     for (d, at) in got.done.iter().zip(&got.done_at) {
         let w_ns = at.duration_since(rep.clock_start).as_nanos();
         let end_ps = (d.emulated_end_s * 1e12).round() as u128;
-        assert!(w_ns * 1000 >= end_ps, "released at {w_ns} ns before {end_ps} ps");
+        assert!(
+            w_ns * 1000 >= end_ps,
+            "released at {w_ns} ns before {end_ps} ps"
+        );
     }
     assert!(rep.ranks[0].max_lag_s >= 0.0 && rep.ranks[0].mean_lag_s <= rep.ranks[0].max_lag_s);
 }
@@ -203,7 +214,10 @@ fn data_is_combined_among_real_ranks_and_copied_for_virtual_ones() {
             match Op::try_from(call.op).unwrap() {
                 Op::AllReduce if call.bytes > 0 => {
                     let sum: f32 = call.group.iter().map(|&m| contrib(m)).sum();
-                    assert!(out.iter().all(|&x| x == sum), "rank {r} op {k}: {out:?} != {sum}");
+                    assert!(
+                        out.iter().all(|&x| x == sum),
+                        "rank {r} op {k}: {out:?} != {sum}"
+                    );
                     checked[0] += 1;
                 }
                 Op::ReduceScatter => {
@@ -221,12 +235,18 @@ fn data_is_combined_among_real_ranks_and_copied_for_virtual_ones() {
                     checked[2] += 1;
                 }
                 Op::Broadcast => {
-                    assert!(out.iter().all(|&x| x == contrib(call.peer)), "rank {r} op {k}");
+                    assert!(
+                        out.iter().all(|&x| x == contrib(call.peer)),
+                        "rank {r} op {k}"
+                    );
                     checked[3] += 1;
                 }
                 Op::Recv => {
                     // The j-th receive from a peer carries the peer's j-th send to this rank.
-                    let j = *recvs_from.entry(call.peer).and_modify(|j| *j += 1).or_insert(0);
+                    let j = *recvs_from
+                        .entry(call.peer)
+                        .and_modify(|j| *j += 1)
+                        .or_insert(0);
                     assert_eq!(out.len() as u64, call.bytes / 4);
                     if real_in(call.peer) {
                         let sends = instantiate(&g, call.peer).unwrap();
@@ -235,7 +255,10 @@ fn data_is_combined_among_real_ranks_and_copied_for_virtual_ones() {
                             .nth(j)
                             .unwrap()
                             .0;
-                        assert!(out.iter().all(|&x| x == value(call.peer, sk)), "rank {r} op {k}");
+                        assert!(
+                            out.iter().all(|&x| x == value(call.peer, sk)),
+                            "rank {r} op {k}"
+                        );
                         checked[4] += 1;
                     } else {
                         assert!(out.iter().all(|&x| x == 0.0), "rank {r} op {k}");
@@ -294,7 +317,9 @@ fn a_size_mismatch_is_refused() {
     let g = sliced(&SynthSpec::small(LAYOUT));
     let s = setup(&g, &[3], "size", 5000);
     let mut calls = instantiate(&g, 3).unwrap();
-    let k = (3..calls.len()).find(|&k| !calls[k].group.is_empty()).unwrap();
+    let k = (3..calls.len())
+        .find(|&k| !calls[k].group.is_empty())
+        .unwrap();
     calls[k].bytes += 8;
     let c = client(&s, 3, calls.clone(), ReplayOptions::default());
     let (rep, got) = run_with(&s, vec![c]);
@@ -424,17 +449,29 @@ fn launched_ranks_run_and_faulty_launches_are_named() {
         file.display().to_string(),
     ];
     let rep = coordinator::run(&s).unwrap();
-    let offline = simulate_graph(&g.graph(8).unwrap(), &cluster(), &GraphOptions::default(), None)
-        .unwrap();
+    let offline = simulate_graph(
+        &g.graph(8).unwrap(),
+        &cluster(),
+        &GraphOptions::default(),
+        None,
+    )
+    .unwrap();
     assert_eq!(rep.emulated_s, offline.iteration_ps as f64 * 1e-12);
     assert_eq!(rep.ranks.len(), 2);
 
     // A rank whose process dies before connecting.
     let mut s = setup(&g, &[0, 5], "launch-crash", 10_000);
-    s.command = vec!["sh".into(), "-c".into(), "test $PRISM_RANK = 0 && exec sleep 30; exit 3".into()];
+    s.command = vec![
+        "sh".into(),
+        "-c".into(),
+        "test $PRISM_RANK = 0 && exec sleep 30; exit 3".into(),
+    ];
     let (rank, _, _, message) = rank_error(coordinator::run(&s).unwrap_err());
     assert_eq!(rank, 5);
-    assert!(message.contains("exited") && message.contains("before connecting"), "{message}");
+    assert!(
+        message.contains("exited") && message.contains("before connecting"),
+        "{message}"
+    );
 
     // Processes that never connect are killed at the time-out (else this test would take 30 s
     // waiting for them).

@@ -125,7 +125,11 @@ fn recorded_durations_reproduce_the_offline_run() {
                 // Each call ends when the next segment starts (the rank blocks in each call)...
                 for (k, &(op, end)) in done.iter().enumerate() {
                     assert_eq!(op, 2 * k as u32 + 1);
-                    let next = hook.asked.iter().find(|a| a.0 == r && a.1 == op + 1).unwrap();
+                    let next = hook
+                        .asked
+                        .iter()
+                        .find(|a| a.0 == r && a.1 == op + 1)
+                        .unwrap();
                     assert_eq!(next.2, end);
                 }
                 // ... and at the time the offline run recorded for it.

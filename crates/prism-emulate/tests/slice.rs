@@ -103,7 +103,10 @@ fn stitched_graph_equals_the_graph_of_every_rank_traced() {
         // Every rank of a stage finishes when its representative does.
         for r in &t_all.ranks {
             let stage = r.rank / (spec.layout.tp * spec.layout.dp);
-            let rr = t_red.ranks.iter().find(|x| x.rank / (spec.layout.tp * spec.layout.dp) == stage);
+            let rr = t_red
+                .ranks
+                .iter()
+                .find(|x| x.rank / (spec.layout.tp * spec.layout.dp) == stage);
             assert_eq!(r.finish_s, rr.unwrap().finish_s, "rank {}", r.rank);
         }
         // The iteration is longer than any stage's compute, which the graph keeps exactly.
@@ -193,7 +196,10 @@ fn graph_file_round_trips_and_is_checked() {
     let mut bad_op = g.clone();
     bad_op.classes[0].calls[3].op = "all_reduse".into();
     let e = SlicedGraph::from_json(&bad_op.to_json(), "g.json").unwrap_err();
-    assert!(e.contains("classes[0].calls[3]") && e.contains("all_reduse"), "{e}");
+    assert!(
+        e.contains("classes[0].calls[3]") && e.contains("all_reduse"),
+        "{e}"
+    );
 }
 
 fn refused(traces: &[RankTrace], layout: LayoutSpec) -> String {
@@ -257,13 +263,24 @@ fn malformed_traces_are_refused_by_name() {
     );
     // A send to a rank that is not the pipeline neighbour.
     let mut p = set.clone();
-    let k = p[1].calls.iter().position(|c| c.op == Op::Send as i32).unwrap();
+    let k = p[1]
+        .calls
+        .iter()
+        .position(|c| c.op == Op::Send as i32)
+        .unwrap();
     p[1].calls[k].peer = 0;
     let e = refused(&p, layout);
-    assert!(e.contains(&format!("rank 5, op {k}")) && e.contains("neighbour"), "{e}");
+    assert!(
+        e.contains(&format!("rank 5, op {k}")) && e.contains("neighbour"),
+        "{e}"
+    );
     // A send without its receive (stage 0's first receive removed).
     let mut u = set.clone();
-    let k = u[0].calls.iter().position(|c| c.op == Op::Recv as i32).unwrap();
+    let k = u[0]
+        .calls
+        .iter()
+        .position(|c| c.op == Op::Recv as i32)
+        .unwrap();
     u[0].calls.remove(k);
     for (i, c) in u[0].calls.iter_mut().enumerate() {
         c.seq = i as u64;
@@ -272,7 +289,11 @@ fn malformed_traces_are_refused_by_name() {
     assert!(e.contains("sends") && e.contains("receives"), "{e}");
     // Sizes of a send and its receive differ.
     let mut b = set.clone();
-    let k = b[0].calls.iter().position(|c| c.op == Op::Recv as i32).unwrap();
+    let k = b[0]
+        .calls
+        .iter()
+        .position(|c| c.op == Op::Recv as i32)
+        .unwrap();
     b[0].calls[k].bytes += 4;
     let e = refused(&b, layout);
     assert!(e.contains("bytes") && e.contains("expects"), "{e}");
