@@ -91,6 +91,9 @@ fn run_with(
 ) -> (Result<Report, EmulateError>, Vec<Result<Replayed, String>>) {
     let r = coordinator::run(s);
     let c = clients.into_iter().map(|h| h.join().unwrap()).collect();
+    if let Listen::Unix(p) = &s.listen {
+        let _ = std::fs::remove_dir_all(p.parent().unwrap());
+    }
     (r, c)
 }
 
@@ -480,4 +483,7 @@ fn launched_ranks_run_and_faulty_launches_are_named() {
     let (rank, _, _, message) = rank_error(coordinator::run(&s).unwrap_err());
     assert_eq!(rank, 3);
     assert!(message.contains("never arrived"), "{message}");
+    for name in ["launch", "launch-crash", "launch-hang"] {
+        let _ = std::fs::remove_dir_all(sock(name).parent().unwrap());
+    }
 }

@@ -306,3 +306,55 @@ fn malformed_traces_are_refused_by_name() {
     let e = refused(&[synth::trace(&spec, 0)], layout);
     assert!(e.contains("no trace of pipeline stage 1"), "{e}");
 }
+
+mod random {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Any small layout and step shape: the stitched graph equals every rank's, and one
+        /// instance per stage gives the time of every rank simulated.
+        #[test]
+        fn stitched_equals_traced(tp in 1u32..4, pp in 1u32..4, dp in 1u32..4, mb in 1u32..5,
+                                  layers in prop::collection::vec(1u32..4, 3), gpn in prop::sample::select(vec![2u32, 4, 8])) {
+            let layout = LayoutSpec { tp, pp, dp };
+            let mut spec = SynthSpec::small(layout);
+            spec.micro_batches = mb;
+            spec.layers = layers[..pp as usize].to_vec();
+            let n = tp * pp * dp;
+            let cl = cluster(gpn, n.div_ceil(gpn));
+            let all = slice::slice(&all_traces(&spec), layout, spec_cluster()).unwrap();
+            let rep = slice::slice(&reps(&spec), layout, spec_cluster()).unwrap();
+            let (ga, gr) = (all.graph(gpn).unwrap(), rep.graph(gpn).unwrap());
+            prop_assert_eq!(&ga, &gr);
+            let full = simulate_graph(&ga, &cl, &GraphOptions::default(), None).unwrap();
+            let reduced = GraphOptions { mode: Mode::Reduced, ..Default::default() };
+            match simulate_graph(&gr, &cl, &reduced, None) {
+                Ok(r) => prop_assert_eq!(r.iteration_ps, full.iteration_ps),
+                Err(prism_core::engine::SimError::Asymmetric(_)) => {}
+                Err(e) => prop_assert!(false, "{e}"),
+            }
+        }
+
+        /// Random bytes are refused or read, never a panic.
+        #[test]
+        fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = RankTrace::parse(&bytes, "garbage");
+        }
+
+        /// A valid trace with one byte flipped is refused or read, never a panic, and what is
+        /// read slices or is refused by name.
+        #[test]
+        fn flipped_bytes_never_panic(at in 0usize..4000, bit in 0u8..8) {
+            let spec = SynthSpec::small(LayoutSpec { tp: 2, pp: 2, dp: 2 });
+            let mut b = synth::trace(&spec, 5).to_bytes();
+            let i = at % b.len();
+            b[i] ^= 1 << bit;
+            if let Ok(t) = RankTrace::parse(&b, "flipped") {
+                let _ = slice::slice(&[synth::trace(&spec, 0), t], spec.layout, spec_cluster());
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! `prism emulate`: synth -> slice -> coordinator, through the binary.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn prism(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_prism"))
+        .args(args)
+        .output()
+        .expect("run prism")
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("prism-cli-emulate-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn synth_slice_and_a_coordinator_fault() {
+    let d = dir("flow");
+    let traces = d.join("traces");
+    let graph = d.join("g.json");
+    let out = prism(&[
+        "emulate",
+        "synth",
+        "--layout",
+        "2,2,2",
+        "--out",
+        traces.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = prism(&[
+        "emulate",
+        "slice",
+        "--traces",
+        traces.to_str().unwrap(),
+        "--layout",
+        "2,2,2",
+        "--out",
+        graph.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ranks"], 8);
+    assert_eq!(v["classes"], 2);
+    assert!(v["iteration_time_s"].as_f64().unwrap() > 0.0);
+    // The human table names the file it wrote.
+    let text = prism(&[
+        "emulate",
+        "slice",
+        "--traces",
+        traces.to_str().unwrap(),
+        "--layout",
+        "2,2,2",
+        "--out",
+        graph.to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("g.json"));
+    // A wrong layout is refused by name, with exit status 2.
+    let out = prism(&[
+        "emulate",
+        "slice",
+        "--traces",
+        traces.to_str().unwrap(),
+        "--layout",
+        "2,2,4",
+        "--out",
+        d.join("x.json").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank-0.trace") && err.contains("16"), "{err}");
+    // A real rank that never connects: a bounded wait, then an error naming it.
+    let sock = d.join("c.sock");
+    let out = prism(&[
+        "emulate",
+        graph.to_str().unwrap(),
+        "--real-ranks",
+        "3",
+        "--listen",
+        &format!("unix:{}", sock.display()),
+        "--timeout-s",
+        "0.3",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rank 3") && err.contains("never arrived"),
+        "{err}"
+    );
+    // A launched rank that fails before connecting is named too.
+    let out = prism(&[
+        "emulate",
+        graph.to_str().unwrap(),
+        "--real-ranks",
+        "1",
+        "--listen",
+        &format!("unix:{}", sock.display()),
+        "--timeout-s",
+        "10",
+        "--",
+        "sh",
+        "-c",
+        "exit 4",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("rank 1") && err.contains("before connecting"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
