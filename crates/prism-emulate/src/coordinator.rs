@@ -432,17 +432,26 @@ pub fn run(setup: &Setup) -> Result<Report, EmulateError> {
         }
         Err(e) => {
             abort.store(true, Ordering::SeqCst);
-            let (rank, group, op) = match &e {
+            // The Fault's fields carry rank, group and op index; its message the rest.
+            let (rank, group, op, message) = match &e {
                 EmulateError::Rank {
-                    rank, group, op, ..
-                } => (*rank, group.clone().unwrap_or_default(), op.unwrap_or(0)),
-                _ => (u32::MAX, vec![], 0),
+                    rank,
+                    group,
+                    op,
+                    message,
+                } => (
+                    *rank,
+                    group.clone().unwrap_or_default(),
+                    op.unwrap_or(0),
+                    message.clone(),
+                ),
+                _ => (u32::MAX, vec![], 0, e.to_string()),
             };
             let fault = Body::Fault(Fault {
                 rank,
                 group,
                 op_index: op,
-                message: e.to_string(),
+                message,
             });
             for p in peers.values_mut() {
                 p.out = None;
@@ -866,6 +875,10 @@ impl Hook {
         match Op::try_from(c.op) {
             Ok(Op::Send) => format!("send of {} bytes to rank {}", c.bytes, c.peer),
             Ok(Op::Recv) => format!("recv of {} bytes from rank {}", c.bytes, c.peer),
+            Ok(Op::Broadcast) => format!(
+                "broadcast of {} bytes from root {} on group {:?}",
+                c.bytes, c.peer, c.group
+            ),
             _ => format!("{op} of {} bytes on group {:?}", c.bytes, c.group),
         }
     }
@@ -922,7 +935,13 @@ impl Hook {
                     )));
                 }
                 c.validate(rank).map_err(&at)?;
-                let same_kind = c.op == exp.op && c.group == exp.group && c.peer == exp.peer;
+                // `peer` counts for a send, a receive and a broadcast (its root) only.
+                let peer_counts = matches!(
+                    Op::try_from(exp.op),
+                    Ok(Op::Send | Op::Recv | Op::Broadcast)
+                );
+                let same_kind =
+                    c.op == exp.op && c.group == exp.group && (!peer_counts || c.peer == exp.peer);
                 if !same_kind {
                     return Err(at(format!(
                         "order mismatch: the graph expects {}, the rank called {}",

@@ -342,8 +342,9 @@ impl SlicedGraph {
 }
 
 /// The calls `rank` makes: its class's trace with every group replaced by the rank's own group
-/// of the same kind, every peer by the rank's neighbour in the same direction, a broadcast
-/// root by the member at the same group position. (`seq` numbered, no data.)
+/// of the same kind, every send/receive peer by the rank's neighbour in the same direction, a
+/// broadcast root by the member at the same group position (the `peer` of other collectives is
+/// kept as recorded). (`seq` numbered, no data.)
 pub fn instantiate(g: &SlicedGraph, rank: u32) -> Result<Vec<Call>, String> {
     let n = g.layout.world_size()?;
     if rank >= n {
@@ -365,10 +366,16 @@ pub fn instantiate(g: &SlicedGraph, rank: u32) -> Result<Vec<Call>, String> {
                     .ok_or_else(|| at(format!("group {:?} is not a layout group", c.group)))?;
                 let pos = c.group.iter().position(|&m| m == c.peer);
                 call.group = layout.members(kind, layout.group_of(kind, rank)).collect();
-                if let Some(p) = pos {
+                // Only a broadcast names a rank in `peer` (its root); other collectives keep
+                // whatever the recording said (the field means nothing for them).
+                if c.op()? == Op::Broadcast {
+                    let p = pos.ok_or_else(|| {
+                        at(format!(
+                            "broadcast root {} is not in its group {:?}",
+                            c.peer, c.group
+                        ))
+                    })?;
                     call.peer = call.group[p];
-                } else {
-                    call.peer = 0;
                 }
             }
         }

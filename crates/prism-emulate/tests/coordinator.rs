@@ -102,7 +102,10 @@ fn real_ranks_see_the_offline_times() {
     let spec = SynthSpec::small(LAYOUT);
     let g = sliced(&spec);
     let graph = g.graph(8).unwrap();
-    for (i, real) in [vec![5u32], vec![0, 5], vec![2, 3]].into_iter().enumerate() {
+    for (i, real) in [vec![5u32], vec![0, 5], vec![2, 3], vec![0, 1]]
+        .into_iter()
+        .enumerate()
+    {
         let offline = simulate_graph(
             &graph,
             &cluster(),
@@ -114,8 +117,17 @@ fn real_ranks_see_the_offline_times() {
         )
         .unwrap();
         let s = setup(&g, &real, &format!("times{i}"), 5000);
+        // Each rank replays its own recorded calls (whose all-reduces say peer 0 whatever the
+        // rank), as a real rank would make them.
         let clients = (real.iter())
-            .map(|&r| client(&s, r, instantiate(&g, r).unwrap(), ReplayOptions::default()))
+            .map(|&r| {
+                client(
+                    &s,
+                    r,
+                    synth::trace(&spec, r).calls,
+                    ReplayOptions::default(),
+                )
+            })
             .collect();
         let (rep, got) = run_with(&s, clients);
         let rep = rep.unwrap();
@@ -334,6 +346,8 @@ fn a_size_mismatch_is_refused() {
     // The rank received the Fault.
     let e = got[0].as_ref().unwrap_err();
     assert!(e.contains("fault") && e.contains("size mismatch"), "{e}");
+    // Rank, group and op index travel in the Fault's fields, not repeated in its message.
+    assert!(e.starts_with("fault: size mismatch"), "{e}");
 }
 
 #[test]
