@@ -390,7 +390,7 @@ fn print_summary(
     writeln!(out, "Prism simulate: {}  ({source})", s.name)?;
     writeln!(
         out,
-        "  {} x {} GPUs ({} nodes); tp {} pp {} cp {} ep {} dp {}; {} schedule{}, micro-batch {}, {} micro-batches; recompute {:?}; {}",
+        "  {} x {} GPUs ({} nodes); tp {} pp {} cp {} ep {} dp {}{}; {} schedule{}, micro-batch {}, {} micro-batches; recompute {:?}; {}",
         s.num_gpus,
         job.cluster.gpu.name,
         job.cluster.nodes,
@@ -399,6 +399,10 @@ fn print_summary(
         p.cp,
         p.ep,
         p.dp,
+        match p.order {
+            prism_core::job::RankOrder::TpCpEpDpPp => String::new(),
+            o => format!(" (order {})", o.name()),
+        },
         schedule_name(job),
         match (&p.pipeline_layout, p.vpp) {
             (Some(l), v) => format!(" (vpp {v}, layout \"{}\")", l.text),

@@ -154,6 +154,12 @@ pub struct Topology {
     pub rail_group_nodes: u32,
     /// Leaf-to-spine oversubscription ratio (1.0 = non-blocking).
     pub oversubscription: f64,
+    /// Nodes per pod, the block of the fabric inside which the spine is the top tier; above it
+    /// an aggregation tier joins the pods (a three-tier Clos, as Meta's 24K-GPU RoCE clusters:
+    /// pods of 3,072 GPUs, Dubey et al. 2024 Sec. 3.3.1). 0: one pod holds the whole cluster.
+    pub pod_nodes: u32,
+    /// Pod-to-aggregation oversubscription ratio (Meta: 1:7, so 7.0); 1.0 = non-blocking.
+    pub pod_oversubscription: f64,
 }
 
 /// A cluster of identical nodes.
@@ -198,6 +204,30 @@ pub enum Schedule {
     OneFOneB,
     /// Interleaved 1F1B over `vpp` virtual stages per rank.
     Interleaved,
+}
+
+/// Order of the parallel dimensions over the ranks, fastest first (Megatron-Core's
+/// `RankGenerator` order). Tensor parallel is always fastest, so TP groups stay in a node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RankOrder {
+    /// `tp-cp-ep-dp-pp`, Megatron-Core's default: a pipeline stage is one contiguous block of
+    /// ranks, data-parallel replicas of a stage are neighbours.
+    #[default]
+    TpCpEpDpPp,
+    /// `tp-cp-ep-pp-dp` (Megatron `--use-tp-pp-dp-mapping`; the Llama 3 order [TP, CP, PP, DP],
+    /// Dubey et al. 2024 Sec. 3.3.2): a whole pipeline is one contiguous block of ranks and
+    /// data parallelism is outermost.
+    TpCpEpPpDp,
+}
+
+impl RankOrder {
+    /// The order as Megatron-Core writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RankOrder::TpCpEpDpPp => "tp-cp-ep-dp-pp",
+            RankOrder::TpCpEpPpDp => "tp-cp-ep-pp-dp",
+        }
+    }
 }
 
 /// Activation recomputation mode.
@@ -270,6 +300,8 @@ pub struct Parallel {
     /// Overlap tensor-parallel all-gathers/reduce-scatters with the GEMMs that consume or
     /// produce them (Megatron `--tp-comm-overlap`, Transformer Engine userbuffers).
     pub tp_comm_overlap: bool,
+    /// Order of the parallel dimensions over the ranks.
+    pub order: RankOrder,
 }
 
 /// Training settings.
@@ -563,14 +595,29 @@ impl Job {
             "cluster.rail_group_nodes",
             c.topology.rail_group_nodes as u64,
         )?;
-        if !(c.topology.oversubscription.is_finite() && c.topology.oversubscription >= 1.0) {
+        if c.topology.pod_nodes > 0 && c.topology.pod_nodes % c.topology.rail_group_nodes != 0 {
             return Err(JobError::new(
-                "cluster.oversubscription",
+                "cluster.pod_nodes",
                 format!(
-                    "must be a finite number >= 1 (got {})",
-                    c.topology.oversubscription
+                    "must be a multiple of cluster.rail_group_nodes = {} (a pod holds whole leaf \
+                     groups; got {})",
+                    c.topology.rail_group_nodes, c.topology.pod_nodes
                 ),
             ));
+        }
+        for (key, v) in [
+            ("cluster.oversubscription", c.topology.oversubscription),
+            (
+                "cluster.pod_oversubscription",
+                c.topology.pod_oversubscription,
+            ),
+        ] {
+            if !(v.is_finite() && v >= 1.0) {
+                return Err(JobError::new(
+                    key,
+                    format!("must be a finite number >= 1 (got {v})"),
+                ));
+            }
         }
 
         // Parallel sizes.
@@ -920,6 +967,8 @@ pub mod fixtures {
             topology: Topology {
                 rail_group_nodes: 32,
                 oversubscription: 1.0,
+                pod_nodes: 0,
+                pod_oversubscription: 1.0,
             },
         }
     }
@@ -1018,6 +1067,7 @@ pub mod fixtures {
                 overlap_grad_reduce: true,
                 overlap_param_gather: true,
                 tp_comm_overlap: false,
+                order: RankOrder::TpCpEpDpPp,
             },
             training: Training {
                 global_batch,

@@ -19,7 +19,7 @@ use prism_core::engine::{SimError, SimResult};
 use prism_core::flops;
 use prism_core::graph::{ExecutionGraph, NONE, OpKind, Phase, Stream};
 use prism_core::job::fixtures::{h100_cluster, small_job};
-use prism_core::job::{Activation, Job, Recompute, Schedule};
+use prism_core::job::{Activation, Job, RankOrder, Recompute, Schedule};
 use prism_core::layout::GroupKind;
 use prism_core::memory;
 use prism_core::ops::Work;
@@ -875,6 +875,20 @@ fn symmetric_jobs() -> Vec<(&'static str, Job)> {
     u.parallel.vpp = 3;
     u.parallel.pipeline_layout = Some(PipelineLayout::parse("E|ttt|tt|t|tt|L").unwrap());
     out.push(("4n tp4 pp2 layout E|ttt|tt|t|tt|L", u));
+    // The Llama 3 order [TP, CP, PP, DP]: a pipeline is a contiguous block, DP outermost.
+    let mut d = small_job(8, 2, 4, 64);
+    d.parallel.order = RankOrder::TpCpEpPpDp;
+    d.cluster.topology.oversubscription = 2.0;
+    d.cluster.topology.rail_group_nodes = 2;
+    out.push(("8n tp2 pp4 dp8 order tp-pp-dp oversub2 rg2", d));
+    // A three-tier Clos: pods of 2 nodes joined at 1:4 above the spine, in both orders.
+    let mut p = small_job(8, 8, 2, 32);
+    p.cluster.topology.rail_group_nodes = 1;
+    p.cluster.topology.pod_nodes = 2;
+    p.cluster.topology.pod_oversubscription = 4.0;
+    out.push(("8n tp8 pp2 dp4 pods of 2 at 1:4", p.clone()));
+    p.parallel.order = RankOrder::TpCpEpPpDp;
+    out.push(("8n tp8 pp2 dp4 pods of 2 at 1:4, order tp-pp-dp", p));
     out.into_iter().map(|(n, j)| (n, valid(j))).collect()
 }
 
@@ -905,7 +919,7 @@ fn reduced_and_slice_equal_full() {
     for (name, job) in symmetric_jobs() {
         let f = full(&job);
         let r = run(&job, &with_mode(Mode::Reduced));
-        let stage = f.graph.layout.stage_size();
+        let layout = f.graph.layout;
         let worst = assert_breakdowns_close(&f.summary.breakdown, &r.summary.breakdown, name);
         eprintln!(
             "[reduced==full {name}] full {:.9e} s reduced {:.9e} s, breakdown worst rel {worst:.2e}",
@@ -930,7 +944,10 @@ fn reduced_and_slice_equal_full() {
         // A slice: one non-representative rank per stage plus a second rank of stage 0.
         let n = f.graph.layout.num_ranks();
         let wanted: Vec<u32> = (0..job.parallel.pp)
-            .map(|s| s * stage + (stage - 1).min(5))
+            .map(|s| {
+                let ranks: Vec<u32> = layout.stage_ranks(s).collect();
+                ranks[(ranks.len() - 1).min(5)]
+            })
             .chain([n - 1])
             .collect();
         let s = run(
@@ -1334,10 +1351,15 @@ fn schedules_per_micro_batch_and_stage_symmetry() {
     o.cluster.topology.oversubscription = 4.0;
     o.cluster.topology.rail_group_nodes = 2;
     jobs.push(o);
+    let mut d = small_job(4, 2, 4, 32);
+    d.parallel.order = RankOrder::TpCpEpPpDp;
+    jobs.push(d);
     for job in jobs {
         let job = valid(job);
         let l = prism_core::layout::Layout::new(&job);
-        let reps: Vec<u32> = (0..job.parallel.pp).map(|s| s * l.stage_size()).collect();
+        let reps: Vec<u32> = (0..job.parallel.pp)
+            .map(|s| l.first_rank_of_stage(s))
+            .collect();
         let res = run(
             &job,
             &SimOptions {
@@ -1388,7 +1410,7 @@ fn schedules_per_micro_batch_and_stage_symmetry() {
             assert_eq!(rc[0] > 0, job.parallel.recompute != Recompute::None);
             // Symmetry: every rank of the stage times like its representative.
             let rep_t = &res.ranks[rep as usize];
-            for r in rep..rep + l.stage_size() {
+            for r in l.stage_ranks(stage as u32) {
                 let t = &res.ranks[r as usize];
                 assert_eq!(t.finish_s, rep_t.finish_s, "rank {r} vs {rep} finish");
                 assert_eq!(t.compute_s, rep_t.compute_s, "rank {r} vs {rep} compute");

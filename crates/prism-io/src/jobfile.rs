@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use prism_core::job::{
     Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
-    Recompute, Schedule, Topology, Training,
+    RankOrder, Recompute, Schedule, Topology, Training,
 };
 use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
@@ -240,6 +240,8 @@ const CLUSTER_FIELDS: &[Field] = &[
     fld("topology", Ty::Str),
     fld("rail_group_nodes", Ty::U32),
     fld("oversubscription", Ty::F64),
+    fld("pod_nodes", Ty::U32),
+    fld("pod_oversubscription", Ty::F64),
 ];
 
 const PARALLEL_FIELDS: &[Field] = &[
@@ -278,6 +280,8 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("overlap_grad_reduce", Ty::Bool),
     fld("overlap_param_gather", Ty::Bool),
     fld("tp_comm_overlap", Ty::Bool),
+    fld("order", Ty::Str),
+    fld("use_tp_pp_dp_mapping", Ty::Bool),
 ];
 
 const TRAINING_FIELDS: &[Field] = &[
@@ -2084,6 +2088,8 @@ fn build_cluster(
         topology: Topology {
             rail_group_nodes: g.u32("rail_group_nodes")?.unwrap_or(32),
             oversubscription: g.f64("oversubscription")?.unwrap_or(1.0),
+            pod_nodes: g.u32("pod_nodes")?.unwrap_or(0),
+            pod_oversubscription: g.f64("pod_oversubscription")?.unwrap_or(1.0),
         },
     };
     Ok((cluster, fields))
@@ -2282,6 +2288,35 @@ fn build_parallel(
     let overlap_param_gather = g.bool("overlap_param_gather")?.unwrap_or(true);
     let tp_comm_overlap = g.bool("tp_comm_overlap")?.unwrap_or(false);
     let deallocate_stage_input = g.bool("deallocate_stage_input")?.unwrap_or(false);
+    let orders = [
+        ("tp-cp-ep-dp-pp", RankOrder::TpCpEpDpPp),
+        ("tp-cp-ep-pp-dp", RankOrder::TpCpEpPpDp),
+        ("tp-cp-dp-pp", RankOrder::TpCpEpDpPp),
+        ("tp-cp-pp-dp", RankOrder::TpCpEpPpDp),
+        ("tp-dp-pp", RankOrder::TpCpEpDpPp),
+        ("tp-pp-dp", RankOrder::TpCpEpPpDp),
+    ];
+    let order = g.choice("order", &orders)?;
+    let mapping = g.bool("use_tp_pp_dp_mapping")?.map(|b| {
+        if b {
+            RankOrder::TpCpEpPpDp
+        } else {
+            RankOrder::TpCpEpDpPp
+        }
+    });
+    let order = match (order, mapping) {
+        (Some(o), Some(m)) if o != m => {
+            return Err(g.ctx.error(
+                Some("parallel.order"),
+                format!(
+                    "\"{}\" contradicts parallel.use_tp_pp_dp_mapping = {} (give one of the two)",
+                    o.name(),
+                    m == RankOrder::TpCpEpPpDp
+                ),
+            ));
+        }
+        (o, m) => o.or(m).unwrap_or_default(),
+    };
     Ok(Parallel {
         tp,
         pp,
@@ -2302,5 +2337,6 @@ fn build_parallel(
         overlap_grad_reduce,
         overlap_param_gather,
         tp_comm_overlap,
+        order,
     })
 }

@@ -1533,3 +1533,61 @@ fn pipeline_layout_errors_name_the_key_and_rule() {
         &[],
     );
 }
+
+/// `parallel.order` takes Megatron-Core's order strings (and `use_tp_pp_dp_mapping`, the flag
+/// that selects the second one); anything else, or both keys disagreeing, names the key.
+#[test]
+fn rank_order_and_pod_tier_keys() {
+    use prism_core::job::RankOrder;
+    assert_eq!(ok(SMALL, &[]).job.parallel.order, RankOrder::TpCpEpDpPp);
+    for (set, want) in [
+        ("parallel.order=tp-cp-ep-pp-dp", RankOrder::TpCpEpPpDp),
+        ("parallel.order=tp-pp-dp", RankOrder::TpCpEpPpDp),
+        ("parallel.order=tp-cp-ep-dp-pp", RankOrder::TpCpEpDpPp),
+        ("parallel.use_tp_pp_dp_mapping=true", RankOrder::TpCpEpPpDp),
+        ("parallel.use_tp_pp_dp_mapping=false", RankOrder::TpCpEpDpPp),
+    ] {
+        assert_eq!(ok(SMALL, &[set]).job.parallel.order, want, "{set}");
+    }
+    fails(
+        SMALL,
+        &["parallel.order=pp-dp-tp"],
+        "parallel.order",
+        &["must be one of", "\"tp-cp-ep-dp-pp\""],
+    );
+    fails(
+        SMALL,
+        &[
+            "parallel.order=tp-cp-ep-dp-pp",
+            "parallel.use_tp_pp_dp_mapping=true",
+        ],
+        "parallel.order",
+        &["contradicts parallel.use_tp_pp_dp_mapping"],
+    );
+    let c = ok(
+        SMALL,
+        &[
+            "cluster.rail_group_nodes=2",
+            "cluster.pod_nodes=4",
+            "cluster.pod_oversubscription=7",
+        ],
+    )
+    .job
+    .cluster;
+    assert_eq!(
+        (c.topology.pod_nodes, c.topology.pod_oversubscription),
+        (4, 7.0)
+    );
+    fails(
+        SMALL,
+        &["cluster.rail_group_nodes=2", "cluster.pod_nodes=3"],
+        "cluster.pod_nodes",
+        &["multiple of cluster.rail_group_nodes"],
+    );
+    fails(
+        SMALL,
+        &["cluster.pod_oversubscription=0.5"],
+        "cluster.pod_oversubscription",
+        &[">= 1"],
+    );
+}

@@ -377,9 +377,8 @@ impl Placement {
                 }
             }
             Placement::LeastLoadedStage => {
-                let size = l.stage_size();
                 for &s in stages_by_load {
-                    out.extend(s * size..(s + 1) * size);
+                    out.extend(l.stage_ranks(s));
                 }
             }
         }
@@ -794,6 +793,7 @@ mod tests {
             pp,
             ep: 1,
             gpus_per_node: 8,
+            order: prism_core::job::RankOrder::TpCpEpDpPp,
         }
     }
 
