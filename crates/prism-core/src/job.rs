@@ -595,7 +595,12 @@ impl Job {
             "cluster.rail_group_nodes",
             c.topology.rail_group_nodes as u64,
         )?;
-        if c.topology.pod_nodes > 0 && c.topology.pod_nodes % c.topology.rail_group_nodes != 0 {
+        if c.topology.pod_nodes > 0
+            && !c
+                .topology
+                .pod_nodes
+                .is_multiple_of(c.topology.rail_group_nodes)
+        {
             return Err(JobError::new(
                 "cluster.pod_nodes",
                 format!(
