@@ -190,7 +190,7 @@ fn check_memory(job: &Job, origin: &str) -> Result<()> {
         }
         if !p.distributed_optimizer {
             let mut j = job.clone();
-            j.parallel.distributed_optimizer = true;
+            j.parallel.set_distributed_optimizer(true);
             if fits(&j) {
                 fixes.push("parallel.distributed_optimizer = true".into());
             }
@@ -399,9 +399,22 @@ fn print_summary(
         p.cp,
         p.ep,
         p.dp,
-        match p.order {
-            prism_core::job::RankOrder::TpCpEpDpPp => String::new(),
-            o => format!(" (order {})", o.name()),
+        {
+            let mut extra = Vec::new();
+            if p.order != prism_core::job::RankOrder::TpCpEpDpPp {
+                extra.push(format!("order {}", p.order.name()));
+            }
+            if p.zero_stage != 1 {
+                extra.push(format!("ZeRO-{}", p.zero_stage));
+            }
+            if job.training.stack != prism_core::job::Stack::MegatronCore {
+                extra.push(format!("stack {}", job.training.stack.name()));
+            }
+            if extra.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", extra.join(", "))
+            }
         },
         schedule_name(job),
         match (&p.pipeline_layout, p.vpp) {

@@ -226,7 +226,7 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
                                 p.vpp = vpp;
                                 p.micro_batch = mb;
                                 p.recompute = recompute;
-                                p.distributed_optimizer = dist;
+                                p.set_distributed_optimizer(dist);
                                 p.sequence_parallel = sp(tp);
                                 p.schedule = if vpp > 1 {
                                     Schedule::Interleaved

@@ -232,6 +232,12 @@ impl StepModel {
         if job.model.moe.is_some() {
             return Err(unsupported("mixture-of-experts models are not supported"));
         }
+        if job.parallel.shards_params() {
+            return Err(unsupported(
+                "ZeRO-3 parameter sharding is not supported (its data-parallel gathers sit \
+                 inside the pipeline)",
+            ));
+        }
         let graph = ExecutionGraph::build(job);
         let layout = graph.layout;
         if frozen.durations.len() != graph.programs.len()
