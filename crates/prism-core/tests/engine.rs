@@ -1637,3 +1637,39 @@ fn an_empty_pipeline_stage_simulates() {
         assert_eq!(f.summary.iteration_time_s, r.summary.iteration_time_s);
     }
 }
+
+/// Truth: without sequence parallelism, Megatron's scatter/gather sends `1/tp` of an
+/// activation per TP rank; DeepSpeed's pipeline engine (`pp_scatter_gather = false`) sends
+/// the whole activation from every rank: exactly `tp` times the bytes, and never faster.
+#[test]
+fn pipeline_messages_follow_scatter_gather() {
+    let mut job = small_job(1, 4, 2, 8);
+    job.parallel.sequence_parallel = false;
+    let sends = |j: &Job| -> Vec<u64> {
+        let g = prism_core::graph::ExecutionGraph::build(j);
+        g.programs[0]
+            .kind
+            .iter()
+            .filter_map(|k| match k {
+                OpKind::Send { bytes, .. } => Some(*bytes),
+                _ => None,
+            })
+            .collect()
+    };
+    let sg = valid(job.clone());
+    let mut whole = job.clone();
+    whole.parallel.pp_scatter_gather = false;
+    let whole = valid(whole);
+    let (a, b) = (sends(&sg), sends(&whole));
+    assert!(!a.is_empty() && a.len() == b.len());
+    let d = &sg.model;
+    let t = sg.parallel.micro_batch as u64 * d.seq_len as u64;
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(*x, t / 4 * d.hidden as u64 * 2);
+        assert_eq!(*y, 4 * x);
+    }
+    assert!(
+        full(&whole).summary.iteration_time_s >= full(&sg).summary.iteration_time_s,
+        "whole-activation messages ran faster"
+    );
+}

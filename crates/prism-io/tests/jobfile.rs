@@ -1672,3 +1672,14 @@ fn training_stack_sets_defaults() {
         &["must be one of", "\"megatron-core\""],
     );
 }
+
+/// DeepSpeed's pipeline engine has no interleaved schedule.
+#[test]
+fn deepspeed_refuses_the_interleaved_schedule() {
+    fails(
+        SMALL,
+        &["training.stack=deepspeed", "parallel.vpp=2"],
+        "parallel.schedule",
+        &["plain 1F1B only"],
+    );
+}
