@@ -195,7 +195,7 @@ fn check_memory(job: &Job, origin: &str) -> Result<()> {
         }
         if !p.distributed_optimizer {
             let mut j = job.clone();
-            j.parallel.distributed_optimizer = true;
+            j.parallel.set_distributed_optimizer(true);
             if fits(&j) {
                 fixes.push("parallel.distributed_optimizer = true".into());
             }
@@ -395,7 +395,7 @@ fn print_summary(
     writeln!(out, "Prism simulate: {}  ({source})", s.name)?;
     writeln!(
         out,
-        "  {} x {} GPUs ({} nodes); tp {} pp {} cp {} ep {} dp {}; {} schedule{}, micro-batch {}, {} micro-batches; recompute {:?}; {}",
+        "  {} x {} GPUs ({} nodes); tp {} pp {} cp {} ep {} dp {}{}; {} schedule{}, micro-batch {}, {} micro-batches; recompute {:?}; {}",
         s.num_gpus,
         job.cluster.gpu.name,
         job.cluster.nodes,
@@ -404,6 +404,23 @@ fn print_summary(
         p.cp,
         p.ep,
         p.dp,
+        {
+            let mut extra = Vec::new();
+            if p.order != prism_core::job::RankOrder::TpCpEpDpPp {
+                extra.push(format!("order {}", p.order.name()));
+            }
+            if p.zero_stage != 1 {
+                extra.push(format!("ZeRO-{}", p.zero_stage));
+            }
+            if job.training.stack != prism_core::job::Stack::MegatronCore {
+                extra.push(format!("stack {}", job.training.stack.name()));
+            }
+            if extra.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", extra.join(", "))
+            }
+        },
         schedule_name(job),
         match (&p.pipeline_layout, p.vpp) {
             (Some(l), v) => format!(" (vpp {v}, layout \"{}\")", l.text),

@@ -327,7 +327,7 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
                         .iter()
                         .copied()
                         .find(|&r| layout.coord(r).pp == s)
-                        .unwrap_or(s * layout.stage_size())
+                        .unwrap_or(layout.first_rank_of_stage(s))
                 })
                 .collect()
         }
@@ -633,14 +633,9 @@ pub fn symmetry_check_layout(layout: &Layout, fabric: &Fabric) -> Result<(), Sim
     for class in &classes {
         links.clear();
         class_links(layout, fabric, class, &mut links);
-        let mut per_type: [Option<u32>; 4] = [None; 4];
-        let nic_links = 2 * layout.num_ranks();
+        let mut per_type: [Option<u32>; 6] = [None; 6];
         for &(l, c) in &links {
-            let t = if l < nic_links {
-                (l % 2) as usize
-            } else {
-                2 + (l % 2) as usize
-            };
+            let t = fabric.link_type(l);
             match per_type[t] {
                 None => per_type[t] = Some(c),
                 Some(x) if x == c => {}
@@ -683,19 +678,16 @@ impl FlowClass {
         }
     }
 
-    /// True when some copies cross leaf uplinks and others do not.
+    /// True when some copies cross leaf (or pod) uplinks and others do not, or not as often.
     fn copies_touching_leaves(&self, layout: &Layout, fabric: &Fabric) -> bool {
-        let nic_links = 2 * layout.num_ranks();
-        let mut counts: Vec<usize> = Vec::new();
+        let mut counts: Vec<[usize; 6]> = Vec::new();
         let mut buf = Vec::new();
         for_each_copy(layout, fabric, self, &mut buf, |links| {
-            counts.push(
-                links
-                    .iter()
-                    .filter(|&&(l, _)| l >= nic_links)
-                    .map(|&(_, c)| c as usize)
-                    .sum(),
-            );
+            let mut per_type = [0; 6];
+            for &(l, c) in links {
+                per_type[fabric.link_type(l)] += c as usize;
+            }
+            counts.push(per_type);
         });
         counts.windows(2).any(|w| w[0] != w[1])
     }
@@ -744,8 +736,7 @@ fn for_each_copy(
             }
         }
         FlowClass::Send { stage, delta } => {
-            let size = layout.stage_size();
-            for r in stage * size..(stage + 1) * size {
+            for r in layout.stage_ranks(stage) {
                 let peer = wrap_peer(layout, r, delta);
                 buf.clear();
                 if !fabric.same_node(r, peer) {

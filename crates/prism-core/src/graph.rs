@@ -471,6 +471,9 @@ struct StageBuilder<'a> {
     param_ready: BTreeMap<u32, u32>,
     embedding_param_ready: Option<u32>,
     lm_head_param_ready: Option<u32>,
+    /// ZeRO-3: the gather the next layer computation (forward, recompute or backward) waits
+    /// for; taken by that layer's first op.
+    zero3_ready: Option<u32>,
 }
 
 /// Sizes every op of one layer needs, per rank.
@@ -505,6 +508,7 @@ impl<'a> StageBuilder<'a> {
             param_ready: BTreeMap::new(),
             embedding_param_ready: None,
             lm_head_param_ready: None,
+            zero3_ready: None,
         }
     }
 
@@ -659,8 +663,10 @@ impl<'a> StageBuilder<'a> {
             );
             cur = Some(r);
         }
-        let layers = self.chunk_layers[chunk as usize].clone();
-        for layer in layers {
+        let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().collect();
+        let mut gathers = Zero3Gathers::default();
+        for (i, &layer) in layers.iter().enumerate() {
+            self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
             cur = Some(self.layer_forward(mb, layer, cur, Phase::Forward));
         }
         if self.is_last_chunk(chunk) {
@@ -689,7 +695,12 @@ impl<'a> StageBuilder<'a> {
         // Activations (or their gradients) of one micro-batch: [t_sp x h] per rank with SP,
         // [t x h] without (Megatron's scatter-gather optimisation sends 1/tp of it and
         // all-gathers over NVLink; we model the SP-sharded size, which is what crosses the NIC).
-        let bytes = d.t / d.tp.max(1) * d.h * ACT_BYTES;
+        let split = if self.job.parallel.pp_scatter_gather {
+            d.tp.max(1)
+        } else {
+            1
+        };
+        let bytes = d.t / split * d.h * ACT_BYTES;
         let bytes = if d.sp {
             d.t_sp * d.h * ACT_BYTES
         } else {
@@ -811,6 +822,7 @@ impl<'a> StageBuilder<'a> {
         if phase == Phase::Forward {
             deps.extend(self.param_ready.get(&layer).copied());
         }
+        deps.extend(self.zero3_ready.take());
         // Host-side framework time of the layer, then the attention block.
         let fw = self.compute(
             "framework_fwd",
@@ -1290,8 +1302,10 @@ impl<'a> StageBuilder<'a> {
                 tag,
             ));
         }
-        let layers = self.chunk_layers[chunk as usize].clone();
-        for layer in layers.rev() {
+        let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
+        let mut gathers = Zero3Gathers::default();
+        for (i, &layer) in layers.iter().enumerate() {
+            self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
             if self.job.parallel.recompute == Recompute::Full {
                 self.layer_forward(mb, layer, cur, Phase::Recompute);
             }
@@ -1299,6 +1313,27 @@ impl<'a> StageBuilder<'a> {
             cur = Some(out.0);
             if last_mb {
                 self.grad_ready.insert(layer, out.1);
+            }
+            if self.job.parallel.shards_params() {
+                // ZeRO-3: this micro-batch's gradients of the layer are reduce-scattered as
+                // soon as its weight gradients exist.
+                let (dense, expert) = self.layer_param_split();
+                let bytes = self.grad_bytes();
+                let optag = Self::tag(Phase::Optimizer, mb, layer);
+                self.collective(
+                    GroupKind::Dp,
+                    Collective::ReduceScatter,
+                    dense * bytes,
+                    optag,
+                    &[out.1],
+                );
+                self.collective(
+                    GroupKind::Edp,
+                    Collective::ReduceScatter,
+                    expert * bytes,
+                    optag,
+                    &[out.1],
+                );
             }
         }
         if self.is_first_chunk(chunk) {
@@ -1405,12 +1440,14 @@ impl<'a> StageBuilder<'a> {
         let m = &self.job.model;
         let tag = Self::tag(Phase::Backward, mb, layer);
         let act = d.t * d.h * ACT_BYTES;
+        let mut deps = Self::deps(grad);
+        deps.extend(self.zero3_ready.take());
         let fw = self.compute(
             "framework_bwd",
             OpClass::Framework,
             Self::mem(0),
             tag,
-            &Self::deps(grad),
+            &deps,
         );
         let r2 = self.compute(
             "residual2_bwd",
@@ -1636,12 +1673,7 @@ impl<'a> StageBuilder<'a> {
         let par = &j.parallel;
         let tp = par.tp as u64;
         let bucket_params = (par.dp_bucket_mparams * 1e6).max(1.0) as u64;
-        let experts = m
-            .moe
-            .as_ref()
-            .map_or(0, |e| e.experts as u64 * m.expert_params());
-        let dense_layer = (m.layer_params() - experts) / tp;
-        let expert_layer = experts / par.ep as u64;
+        let (dense_layer, expert_layer) = self.layer_param_split();
         let emb = m.vocab as u64 * m.hidden as u64 / tp;
         let mut items: Vec<(Item, u64, u64)> = Vec::new();
         if self.is_last_chunk_on_stage() {
@@ -1653,6 +1685,10 @@ impl<'a> StageBuilder<'a> {
             items.push((Item::LmHead, lm, 0));
         }
         let mut layers: Vec<u32> = self.chunk_layers.iter().flat_map(|r| r.clone()).collect();
+        if par.shards_params() {
+            // ZeRO-3 reduces each layer's gradients in every micro-batch (backward_step).
+            layers.clear();
+        }
         layers.sort_unstable_by(|a, b| b.cmp(a));
         for l in layers {
             items.push((Item::Layer(l), dense_layer, expert_layer));
@@ -1663,6 +1699,9 @@ impl<'a> StageBuilder<'a> {
         let mut out = Vec::new();
         let mut cur = Bucket::default();
         let n = items.len();
+        if n == 0 {
+            return out;
+        }
         for (i, (item, dense, expert)) in items.into_iter().enumerate() {
             cur.items.push(item);
             cur.dense += dense;
@@ -1672,6 +1711,80 @@ impl<'a> StageBuilder<'a> {
             }
         }
         out
+    }
+
+    /// Parameters of one transformer layer on this GPU: (dense, expert), after tensor and
+    /// expert parallelism.
+    fn layer_param_split(&self) -> (u64, u64) {
+        let m = &self.job.model;
+        let par = &self.job.parallel;
+        let experts = m
+            .moe
+            .as_ref()
+            .map_or(0, |e| e.experts as u64 * m.expert_params());
+        (
+            (m.layer_params() - experts) / par.tp as u64,
+            experts / par.ep as u64,
+        )
+    }
+
+    /// Bytes per gradient element in the data-parallel reduction.
+    fn grad_bytes(&self) -> u64 {
+        if self.job.parallel.grad_reduce_in_bf16 {
+            2
+        } else {
+            GRAD_BYTES
+        }
+    }
+
+    /// ZeRO-3: before computing layer `layers[i]` of a step (layers in compute order, `input`
+    /// the op its input comes from), make sure its parameters are being gathered and prefetch
+    /// the next layer's once the input is there, i.e. once the previous layer is done: at
+    /// most two layers are gathered at a time (FSDP's and DeepSpeed's one-layer prefetch;
+    /// [`crate::memory::ZERO3_GATHERED_LAYERS`]). The gather of `layers[i]` becomes the
+    /// dependency of that layer's first op.
+    fn zero3_prefetch(
+        &mut self,
+        g: &mut Zero3Gathers,
+        layers: &[u32],
+        i: usize,
+        tag: OpTag,
+        input: Option<u32>,
+    ) {
+        if !self.job.parallel.shards_params() {
+            return;
+        }
+        let optag = Self::tag(Phase::Optimizer, tag.micro_batch, NONE);
+        if i == 0 {
+            g.next = self.zero3_gather(layers[0], optag, &[]);
+        }
+        let current = g.next.take();
+        if i + 1 < layers.len() {
+            g.next = self.zero3_gather(layers[i + 1], optag, &Self::deps(input));
+        }
+        self.zero3_ready = current;
+    }
+
+    /// All-gathers one layer's parameters (dense over DP, experts over expert-DP); the later
+    /// of the two, or `None` when nothing needs gathering.
+    fn zero3_gather(&mut self, layer: u32, tag: OpTag, deps: &[u32]) -> Option<u32> {
+        let (dense, expert) = self.layer_param_split();
+        let tag = OpTag { layer, ..tag };
+        let d = self.collective(
+            GroupKind::Dp,
+            Collective::AllGather,
+            dense * PARAM_BYTES,
+            tag,
+            deps,
+        );
+        let e = self.collective(
+            GroupKind::Edp,
+            Collective::AllGather,
+            expert * PARAM_BYTES,
+            tag,
+            deps,
+        );
+        e.or(d)
     }
 
     fn is_last_chunk_on_stage(&self) -> bool {
@@ -1727,9 +1840,11 @@ impl<'a> StageBuilder<'a> {
         } else {
             Collective::AllReduce
         };
-        let last_backward = *self.prog.stream_ops[Stream::Compute as usize]
+        // A stage may run no kernel at all (an empty virtual stage of a layout on a rank
+        // without embedding or loss); then it has no bucket either.
+        let last_backward = self.prog.stream_ops[Stream::Compute as usize]
             .last()
-            .expect("backward ops");
+            .copied();
         let mut dp_ops: Vec<u32> = Vec::new();
         for b in self.buckets.clone() {
             // The bucket is ready when its last item's gradient is final.
@@ -1743,25 +1858,13 @@ impl<'a> StageBuilder<'a> {
                 })
                 .max()
                 .expect("non-empty bucket");
-            let dep = if par.overlap_grad_reduce {
-                ready
-            } else {
-                last_backward
+            let dep = match last_backward {
+                Some(last) if !par.overlap_grad_reduce => last,
+                _ => ready,
             };
-            dp_ops.extend(self.collective(
-                GroupKind::Dp,
-                reduce,
-                b.dense * GRAD_BYTES,
-                tag,
-                &[dep],
-            ));
-            dp_ops.extend(self.collective(
-                GroupKind::Edp,
-                reduce,
-                b.expert * GRAD_BYTES,
-                tag,
-                &[dep],
-            ));
+            let bytes = self.grad_bytes();
+            dp_ops.extend(self.collective(GroupKind::Dp, reduce, b.dense * bytes, tag, &[dep]));
+            dp_ops.extend(self.collective(GroupKind::Edp, reduce, b.expert * bytes, tag, &[dep]));
         }
         let local_dense: u64 = self.buckets.iter().map(|b| b.dense).sum();
         let local_expert: u64 = self.buckets.iter().map(|b| b.expert).sum();
@@ -1820,6 +1923,13 @@ enum Item {
     Layer(u32),
     Embedding,
     LmHead,
+}
+
+/// ZeRO-3 gathers of one pipeline step in flight.
+#[derive(Debug, Default)]
+struct Zero3Gathers {
+    /// The gather of the layer about to be computed.
+    next: Option<u32>,
 }
 
 /// A gradient (and parameter) bucket of one stage.

@@ -154,6 +154,12 @@ pub struct Topology {
     pub rail_group_nodes: u32,
     /// Leaf-to-spine oversubscription ratio (1.0 = non-blocking).
     pub oversubscription: f64,
+    /// Nodes per pod, the block of the fabric inside which the spine is the top tier; above it
+    /// an aggregation tier joins the pods (a three-tier Clos, as Meta's 24K-GPU RoCE clusters:
+    /// pods of 3,072 GPUs, Dubey et al. 2024 Sec. 3.3.1). 0: one pod holds the whole cluster.
+    pub pod_nodes: u32,
+    /// Pod-to-aggregation oversubscription ratio (Meta: 1:7, so 7.0); 1.0 = non-blocking.
+    pub pod_oversubscription: f64,
 }
 
 /// A cluster of identical nodes.
@@ -198,6 +204,30 @@ pub enum Schedule {
     OneFOneB,
     /// Interleaved 1F1B over `vpp` virtual stages per rank.
     Interleaved,
+}
+
+/// Order of the parallel dimensions over the ranks, fastest first (Megatron-Core's
+/// `RankGenerator` order). Tensor parallel is always fastest, so TP groups stay in a node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RankOrder {
+    /// `tp-cp-ep-dp-pp`, Megatron-Core's default: a pipeline stage is one contiguous block of
+    /// ranks, data-parallel replicas of a stage are neighbours.
+    #[default]
+    TpCpEpDpPp,
+    /// `tp-cp-ep-pp-dp` (Megatron `--use-tp-pp-dp-mapping`; the Llama 3 order [TP, CP, PP, DP],
+    /// Dubey et al. 2024 Sec. 3.3.2): a whole pipeline is one contiguous block of ranks and
+    /// data parallelism is outermost.
+    TpCpEpPpDp,
+}
+
+impl RankOrder {
+    /// The order as Megatron-Core writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RankOrder::TpCpEpDpPp => "tp-cp-ep-dp-pp",
+            RankOrder::TpCpEpPpDp => "tp-cp-ep-pp-dp",
+        }
+    }
 }
 
 /// Activation recomputation mode.
@@ -270,6 +300,43 @@ pub struct Parallel {
     /// Overlap tensor-parallel all-gathers/reduce-scatters with the GEMMs that consume or
     /// produce them (Megatron `--tp-comm-overlap`, Transformer Engine userbuffers).
     pub tp_comm_overlap: bool,
+    /// Order of the parallel dimensions over the ranks.
+    pub order: RankOrder,
+    /// ZeRO stage of the data-parallel dimension (Rajbhandari et al. 2020): 0 nothing sharded,
+    /// 1 optimizer state sharded (Megatron's distributed optimizer), 2 also gradients, 3 also
+    /// parameters (DeepSpeed ZeRO-3, PyTorch FSDP full sharding: every layer's parameters are
+    /// all-gathered before its forward and again before its backward, and its gradients
+    /// reduce-scattered after its backward, in every micro-batch). Always
+    /// `distributed_optimizer == (zero_stage >= 1)`; set both with
+    /// [`Parallel::set_zero_stage`].
+    pub zero_stage: u8,
+    /// Reduce data-parallel gradients in BF16 (Megatron `--grad-reduce-in-bf16`; DeepSpeed's
+    /// FP16/BF16 communication data type) instead of FP32: half the bytes.
+    pub grad_reduce_in_bf16: bool,
+    /// Pipeline messages split over the TP ranks and gathered over NVLink on arrival
+    /// (Megatron's scatter/gather optimisation, Narayanan et al. 2021 Sec. 4.1); without it
+    /// every TP rank sends the whole activation. No effect with sequence parallelism (the
+    /// activation is already split).
+    pub pp_scatter_gather: bool,
+}
+
+impl Parallel {
+    /// Sets the ZeRO stage and keeps `distributed_optimizer` consistent with it.
+    pub fn set_zero_stage(&mut self, stage: u8) {
+        self.zero_stage = stage;
+        self.distributed_optimizer = stage >= 1;
+    }
+
+    /// Turns the distributed optimizer on (ZeRO stage at least 1) or off (stage 0).
+    pub fn set_distributed_optimizer(&mut self, on: bool) {
+        let stage = if on { self.zero_stage.max(1) } else { 0 };
+        self.set_zero_stage(stage);
+    }
+
+    /// True when parameters are sharded over data parallelism (ZeRO-3 / FSDP).
+    pub fn shards_params(&self) -> bool {
+        self.zero_stage >= 3
+    }
 }
 
 /// Training settings.
@@ -282,6 +349,111 @@ pub struct Training {
     /// Fused (flash) attention: the score matrix is never stored (FlashAttention-2/3, cuDNN
     /// fused attention). `false` models the unfused attention of Megatron-LM 2021-2022.
     pub flash_attention: bool,
+    /// The training software the job runs on; it sets the defaults of the settings that
+    /// differ between stacks ([`Stack`]) and its own rules.
+    pub stack: Stack,
+}
+
+/// A training software stack. Each differs physically in which communication overlaps exist,
+/// which kernels are fused, how pipeline messages are sized and how the data-parallel state
+/// is sharded; [`Stack::defaults`] lists the job settings it implies (a job may still set any
+/// of them explicitly).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Stack {
+    /// Megatron-Core (2024 on): distributed optimizer, gradient reduce-scatter and parameter
+    /// all-gather overlapped per bucket, sequence parallelism, fused (flash) attention,
+    /// FP32 gradient reduction, pipeline messages split over TP ranks.
+    #[default]
+    MegatronCore,
+    /// Megatron-LM of 2021-2023 (Narayanan et al. 2021, Korthikanti et al. 2022): one FP32
+    /// gradient all-reduce after backward, no distributed optimizer, no sequence parallelism,
+    /// unfused attention (fused scale-mask-softmax), scatter/gather pipeline messages.
+    MegatronLm2021,
+    /// DeepSpeed with its pipeline engine and ZeRO (Megatron-DeepSpeed): ZeRO-1 optimizer
+    /// sharding, gradients reduced after the last micro-batch's backward in the model's
+    /// 16-bit type, blocking pipeline messages of the full activation on every TP rank, plain
+    /// 1F1B only (the engine has no interleaved schedule), unfused attention.
+    DeepSpeed,
+    /// torchtitan (FSDP2 + DTensor TP + torch.distributed.pipelining): parameters,
+    /// gradients and optimizer state fully sharded (ZeRO-3), per-layer gathers prefetched,
+    /// FP32 gradient reduce-scatter, sequence parallelism with TP, SDPA flash attention.
+    TorchTitan,
+}
+
+/// The settings a [`Stack`] implies for a job that does not set them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackDefaults {
+    /// ZeRO stage (0: no distributed optimizer).
+    pub zero_stage: u8,
+    /// Gradient reduction overlapped with backward, per bucket.
+    pub overlap_grad_reduce: bool,
+    /// Parameter all-gather overlapped with the next forward.
+    pub overlap_param_gather: bool,
+    /// Sequence parallelism when `tp > 1`.
+    pub sequence_parallel: bool,
+    /// Fused (flash) attention.
+    pub flash_attention: bool,
+    /// Data-parallel gradients reduced in 16 bits.
+    pub grad_reduce_in_bf16: bool,
+    /// Pipeline messages split over the TP ranks (Megatron's scatter/gather).
+    pub pp_scatter_gather: bool,
+}
+
+impl Stack {
+    /// Every stack, in documentation order.
+    pub const ALL: [Stack; 4] = [
+        Stack::MegatronCore,
+        Stack::MegatronLm2021,
+        Stack::DeepSpeed,
+        Stack::TorchTitan,
+    ];
+
+    /// The job-file name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stack::MegatronCore => "megatron-core",
+            Stack::MegatronLm2021 => "megatron-lm-2021",
+            Stack::DeepSpeed => "deepspeed",
+            Stack::TorchTitan => "torchtitan",
+        }
+    }
+
+    /// What the stack does unless the job says otherwise.
+    pub fn defaults(self) -> StackDefaults {
+        let core = StackDefaults {
+            zero_stage: 1,
+            overlap_grad_reduce: true,
+            overlap_param_gather: true,
+            sequence_parallel: true,
+            flash_attention: true,
+            grad_reduce_in_bf16: false,
+            pp_scatter_gather: true,
+        };
+        match self {
+            Stack::MegatronCore => core,
+            Stack::MegatronLm2021 => StackDefaults {
+                zero_stage: 0,
+                overlap_grad_reduce: false,
+                overlap_param_gather: false,
+                sequence_parallel: false,
+                flash_attention: false,
+                ..core
+            },
+            Stack::DeepSpeed => StackDefaults {
+                zero_stage: 1,
+                overlap_grad_reduce: false,
+                overlap_param_gather: false,
+                sequence_parallel: false,
+                flash_attention: false,
+                grad_reduce_in_bf16: true,
+                pp_scatter_gather: false,
+            },
+            Stack::TorchTitan => StackDefaults {
+                zero_stage: 3,
+                ..core
+            },
+        }
+    }
 }
 
 /// A complete job.
@@ -563,14 +735,34 @@ impl Job {
             "cluster.rail_group_nodes",
             c.topology.rail_group_nodes as u64,
         )?;
-        if !(c.topology.oversubscription.is_finite() && c.topology.oversubscription >= 1.0) {
+        if c.topology.pod_nodes > 0
+            && !c
+                .topology
+                .pod_nodes
+                .is_multiple_of(c.topology.rail_group_nodes)
+        {
             return Err(JobError::new(
-                "cluster.oversubscription",
+                "cluster.pod_nodes",
                 format!(
-                    "must be a finite number >= 1 (got {})",
-                    c.topology.oversubscription
+                    "must be a multiple of cluster.rail_group_nodes = {} (a pod holds whole leaf \
+                     groups; got {})",
+                    c.topology.rail_group_nodes, c.topology.pod_nodes
                 ),
             ));
+        }
+        for (key, v) in [
+            ("cluster.oversubscription", c.topology.oversubscription),
+            (
+                "cluster.pod_oversubscription",
+                c.topology.pod_oversubscription,
+            ),
+        ] {
+            if !(v.is_finite() && v >= 1.0) {
+                return Err(JobError::new(
+                    key,
+                    format!("must be a finite number >= 1 (got {v})"),
+                ));
+            }
         }
 
         // Parallel sizes.
@@ -586,6 +778,22 @@ impl Job {
             positive(k, v as u64)?;
         }
         positive_f("parallel.dp_bucket_mparams", p.dp_bucket_mparams)?;
+        if p.zero_stage > 3 {
+            return Err(JobError::new(
+                "parallel.zero_stage",
+                format!("must be 0, 1, 2 or 3 (got {})", p.zero_stage),
+            ));
+        }
+        if p.distributed_optimizer != (p.zero_stage >= 1) {
+            return Err(JobError::new(
+                "parallel.zero_stage",
+                format!(
+                    "ZeRO stage {} contradicts parallel.distributed_optimizer = {} (stage 1 and \
+                     above shard the optimizer state: the distributed optimizer)",
+                    p.zero_stage, p.distributed_optimizer
+                ),
+            ));
+        }
         if !m.heads.is_multiple_of(p.tp) {
             return Err(JobError::new(
                 "parallel.tp",
@@ -864,6 +1072,20 @@ impl Job {
                 ),
             ));
         }
+        if t.stack == Stack::DeepSpeed && p.schedule == Schedule::Interleaved {
+            return Err(JobError::new(
+                "parallel.schedule",
+                "DeepSpeed's pipeline engine runs plain 1F1B only (training.stack = \"deepspeed\" \
+                 has no interleaved schedule)",
+            ));
+        }
+        if t.stack == Stack::DeepSpeed && p.zero_stage >= 2 && p.pp > 1 {
+            return Err(JobError::new(
+                "parallel.zero_stage",
+                "DeepSpeed's pipeline engine supports ZeRO stages 0 and 1 only (stages 2 and 3 \
+                 need pp = 1 with training.stack = \"deepspeed\")",
+            ));
+        }
         if p.schedule == Schedule::Interleaved && !mbs.is_multiple_of(p.pp as u64) {
             return Err(JobError::new(
                 "training.global_batch",
@@ -920,6 +1142,8 @@ pub mod fixtures {
             topology: Topology {
                 rail_group_nodes: 32,
                 oversubscription: 1.0,
+                pod_nodes: 0,
+                pod_oversubscription: 1.0,
             },
         }
     }
@@ -1018,11 +1242,16 @@ pub mod fixtures {
                 overlap_grad_reduce: true,
                 overlap_param_gather: true,
                 tp_comm_overlap: false,
+                order: RankOrder::TpCpEpDpPp,
+                zero_stage: 1,
+                grad_reduce_in_bf16: false,
+                pp_scatter_gather: true,
             },
             training: Training {
                 global_batch,
                 precision: Precision::Bf16,
                 flash_attention: true,
+                stack: Stack::MegatronCore,
             },
         }
     }

@@ -1,5 +1,6 @@
 //! Rank <-> (tp, cp, dp, pp) coordinates and process groups, in Megatron-Core's default order
-//! `tp-cp-ep-dp-pp`: tensor parallel varies fastest, pipeline parallel slowest.
+//! `tp-cp-ep-dp-pp` (tensor parallel varies fastest, pipeline parallel slowest) or in
+//! `tp-cp-ep-pp-dp` (`parallel.order`; data parallel slowest, as Llama 3 was trained).
 //!
 //! Expert parallelism is folded inside data parallelism as in Megatron-Core: the expert-parallel
 //! rank of a GPU is `dp % ep` and its expert-data-parallel rank is `dp / ep`.
@@ -14,7 +15,7 @@
 //! assert_eq!(l.members(GroupKind::Tp, l.group_of(GroupKind::Tp, 13)).collect::<Vec<_>>(), vec![12, 13]);
 //! ```
 
-use crate::job::Job;
+use crate::job::{Job, RankOrder};
 
 /// A GPU's position in the parallel layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,6 +70,8 @@ pub struct Layout {
     pub ep: u32,
     /// GPUs per node.
     pub gpus_per_node: u32,
+    /// Order of the dimensions over the ranks.
+    pub order: RankOrder,
 }
 
 impl Layout {
@@ -82,6 +85,7 @@ impl Layout {
             pp: p.pp,
             ep: p.ep,
             gpus_per_node: job.cluster.gpus_per_node,
+            order: p.order,
         }
     }
 
@@ -97,15 +101,47 @@ impl Layout {
         let r = rank / self.tp;
         let cp = r % self.cp;
         let r = r / self.cp;
-        let dp = r % self.dp;
-        let pp = r / self.dp;
+        let (dp, pp) = match self.order {
+            RankOrder::TpCpEpDpPp => (r % self.dp, r / self.dp),
+            RankOrder::TpCpEpPpDp => (r / self.pp, r % self.pp),
+        };
         Coord { tp, cp, dp, pp }
     }
 
     /// Rank at `c`.
     pub fn rank(&self, c: Coord) -> u32 {
         debug_assert!(c.tp < self.tp && c.cp < self.cp && c.dp < self.dp && c.pp < self.pp);
-        c.tp + self.tp * (c.cp + self.cp * (c.dp + self.dp * c.pp))
+        let outer = match self.order {
+            RankOrder::TpCpEpDpPp => c.dp + self.dp * c.pp,
+            RankOrder::TpCpEpPpDp => c.pp + self.pp * c.dp,
+        };
+        c.tp + self.tp * (c.cp + self.cp * outer)
+    }
+
+    /// The lowest rank of pipeline stage `stage` (its first tensor-, context- and
+    /// data-parallel position).
+    pub fn first_rank_of_stage(&self, stage: u32) -> u32 {
+        self.rank(Coord {
+            tp: 0,
+            cp: 0,
+            dp: 0,
+            pp: stage,
+        })
+    }
+
+    /// The ranks of pipeline stage `stage`, ascending.
+    pub fn stage_ranks(&self, stage: u32) -> impl Iterator<Item = u32> + '_ {
+        let l = *self;
+        let inner = self.tp * self.cp;
+        (0..self.dp).flat_map(move |dp| {
+            let base = l.rank(Coord {
+                tp: 0,
+                cp: 0,
+                dp,
+                pp: stage,
+            });
+            base..base + inner
+        })
     }
 
     /// Node hosting `rank`.
@@ -154,7 +190,7 @@ impl Layout {
     pub fn group_of(&self, kind: GroupKind, rank: u32) -> u32 {
         let c = self.coord(rank);
         match kind {
-            GroupKind::Tp => rank / self.tp,
+            GroupKind::Tp => c.cp + self.cp * (c.dp + self.dp * c.pp),
             GroupKind::Cp => c.tp + self.tp * (c.dp + self.dp * c.pp),
             GroupKind::Ep => {
                 let outer = c.dp / self.ep;
@@ -184,8 +220,13 @@ impl Layout {
         let l = *self;
         let base = match kind {
             GroupKind::Tp => {
-                let r = group * l.tp;
-                l.coord(r)
+                let g = group / l.cp;
+                Coord {
+                    tp: 0,
+                    cp: group % l.cp,
+                    dp: g % l.dp,
+                    pp: g / l.dp,
+                }
             }
             GroupKind::Cp => {
                 let tp = group % l.tp;
@@ -264,15 +305,22 @@ mod tests {
             pp,
             ep,
             gpus_per_node: 8,
+            order: RankOrder::TpCpEpDpPp,
         }
     }
 
     #[test]
     fn coord_roundtrip_and_groups_partition_ranks() {
+        let pp_dp = |l: Layout| Layout {
+            order: RankOrder::TpCpEpPpDp,
+            ..l
+        };
         for l in [
             layout(2, 2, 4, 3, 2),
             layout(8, 1, 4, 2, 1),
             layout(1, 3, 6, 1, 3),
+            pp_dp(layout(2, 2, 4, 3, 2)),
+            pp_dp(layout(8, 1, 4, 2, 1)),
         ] {
             for r in 0..l.num_ranks() {
                 assert_eq!(l.rank(l.coord(r)), r);
@@ -291,7 +339,39 @@ mod tests {
                 }
                 assert!(seen.iter().all(|&s| s));
             }
+            for s in 0..l.pp {
+                let ranks: Vec<u32> = l.stage_ranks(s).collect();
+                assert_eq!(ranks.len() as u32, l.stage_size());
+                assert!(ranks.windows(2).all(|w| w[0] < w[1]));
+                assert!(ranks.iter().all(|&r| l.coord(r).pp == s));
+                assert_eq!(ranks[0], l.first_rank_of_stage(s));
+            }
         }
+    }
+
+    #[test]
+    fn tp_pp_dp_order_keeps_a_pipeline_contiguous() {
+        // tp 8, pp 16, dp 4 in the Llama 3 order [TP, CP, PP, DP]: ranks 0..128 are one whole
+        // pipeline (data-parallel replica 0), stage s of it at 8s..8s+8.
+        let l = Layout {
+            order: RankOrder::TpCpEpPpDp,
+            ..layout(8, 1, 4, 16, 1)
+        };
+        assert_eq!(
+            l.coord(8 * 5 + 3),
+            Coord {
+                tp: 3,
+                cp: 0,
+                dp: 0,
+                pp: 5
+            }
+        );
+        assert_eq!(l.coord(128).dp, 1);
+        assert_eq!(l.pp_peer(3, 1), Some(11));
+        let dp: Vec<u32> = l
+            .members(GroupKind::Dp, l.group_of(GroupKind::Dp, 3))
+            .collect();
+        assert_eq!(dp, vec![3, 131, 259, 387]);
     }
 
     #[test]

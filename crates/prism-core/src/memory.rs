@@ -117,6 +117,39 @@ pub fn stage_params(job: &Job, stage: u32) -> StageParams {
     }
 }
 
+/// Parameters of one transformer layer on one GPU (after tensor and expert parallelism, before
+/// any ZeRO sharding): what ZeRO-3 gathers for a layer.
+pub fn layer_params(job: &Job) -> StageParams {
+    let one = Job {
+        parallel: crate::job::Parallel {
+            pp: 1,
+            ..job.parallel.clone()
+        },
+        ..job.clone()
+    };
+    // A one-stage job holds every layer plus the embedding, final norm and LM head; the
+    // per-layer share is the difference of two layer counts.
+    let with = |layers: u32| {
+        let mut j = one.clone();
+        j.model.layers = layers;
+        j.parallel.pipeline_layout = None;
+        j.parallel.first_stage_layers = None;
+        j.parallel.last_stage_layers = None;
+        j.parallel.vpp = 1;
+        stage_params(&j, 0)
+    };
+    let (a, b) = (with(1), with(2));
+    StageParams {
+        dense: b.dense - a.dense,
+        expert: b.expert - a.expert,
+    }
+}
+
+/// Transformer layers whose parameters ZeRO-3 holds gathered at once: the one computing and
+/// the one prefetched behind it (FSDP's default backward prefetch, DeepSpeed's prefetch of the
+/// next submodule).
+pub const ZERO3_GATHERED_LAYERS: u64 = 2;
+
 /// Activation bytes one transformer layer keeps for one micro-batch on one GPU, for the job's
 /// recompute mode and sequence-parallel setting.
 ///
@@ -363,13 +396,41 @@ fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
 pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
     let p = &job.parallel;
     let params = stage_params(job, stage);
-    let weights = WEIGHT_BYTES_PER_PARAM * params.total();
-    let gradients = GRAD_BYTES_PER_PARAM * params.total();
+    let dp_cp = p.dp as u64 * p.cp as u64;
+    let edp_cp = (p.dp / p.ep) as u64 * p.cp as u64;
+    let sharded = |bytes_per_param: u64, ps: StageParams| {
+        (bytes_per_param * ps.dense).div_ceil(dp_cp)
+            + (bytes_per_param * ps.expert).div_ceil(edp_cp)
+    };
+    let layers = job.stage_layers()[stage as usize] as u64;
+    // ZeRO-3 shards the transformer layers' weights and gathers at most two layers at a time;
+    // the embedding and LM head stay gathered for the whole iteration (see graph.rs).
+    let (weights, gradients) = if p.shards_params() && layers > 0 {
+        let one = layer_params(job);
+        let layer_part = StageParams {
+            dense: layers * one.dense,
+            expert: layers * one.expert,
+        };
+        let rest = params.total() - layer_part.total();
+        let window = ZERO3_GATHERED_LAYERS.min(layers) * one.total();
+        (
+            WEIGHT_BYTES_PER_PARAM * (rest + window) + sharded(WEIGHT_BYTES_PER_PARAM, layer_part),
+            // Sharded FP32 gradients plus one layer's unsharded gradients being reduced.
+            GRAD_BYTES_PER_PARAM * (rest + one.total()) + sharded(GRAD_BYTES_PER_PARAM, layer_part),
+        )
+    } else if p.zero_stage >= 2 {
+        (
+            WEIGHT_BYTES_PER_PARAM * params.total(),
+            sharded(GRAD_BYTES_PER_PARAM, params),
+        )
+    } else {
+        (
+            WEIGHT_BYTES_PER_PARAM * params.total(),
+            GRAD_BYTES_PER_PARAM * params.total(),
+        )
+    };
     let optimizer = if p.distributed_optimizer {
-        let dp_cp = p.dp as u64 * p.cp as u64;
-        let edp_cp = (p.dp / p.ep) as u64 * p.cp as u64;
-        (OPTIMIZER_BYTES_PER_PARAM * params.dense).div_ceil(dp_cp)
-            + (OPTIMIZER_BYTES_PER_PARAM * params.expert).div_ceil(edp_cp)
+        sharded(OPTIMIZER_BYTES_PER_PARAM, params)
     } else {
         OPTIMIZER_BYTES_PER_PARAM * params.total()
     };
@@ -445,7 +506,7 @@ mod tests {
         let mut job = llama3_405b_job();
         job.parallel.sequence_parallel = true;
         job.parallel.recompute = Recompute::None;
-        job.parallel.distributed_optimizer = true;
+        job.parallel.set_distributed_optimizer(true);
         job.training.precision = Precision::Bf16;
         job.validate().unwrap();
         assert_eq!(job.parallel.dp, 128);
@@ -562,7 +623,7 @@ mod tests {
     fn distributed_optimizer_divides_by_dp() {
         let job = gpt3_job(true, Recompute::Selective);
         let mut plain = job.clone();
-        plain.parallel.distributed_optimizer = false;
+        plain.parallel.set_distributed_optimizer(false);
         for s in 0..job.parallel.pp {
             let on = stage_memory(&job, s);
             let off = stage_memory(&plain, s);

@@ -3,7 +3,11 @@
 //! The scale-out fabric is a rail-optimized fat tree: GPU `g`'s NIC has a transmit and a receive
 //! link; the NICs of local index `r` (a rail) on a group of `rail_group_nodes` nodes hang off one
 //! leaf switch, whose uplink and downlink to the spine have `rail_group_nodes x NIC / oversubscription`
-//! capacity. NVLink inside a node is non-blocking and priced by the cost model, not here.
+//! capacity. Above the spine, an optional aggregation tier joins *pods* of `pod_nodes` nodes
+//! (a three-tier Clos, as Meta's clusters: pods of 3,072 GPUs at full bisection joined at 1:7,
+//! Dubey et al. 2024 Sec. 3.3.1): each pod has one uplink and one downlink of
+//! `pod GPUs x NIC / pod_oversubscription`, crossed by every transfer between pods. NVLink
+//! inside a node is non-blocking and priced by the cost model, not here.
 //!
 //! A *flow* is a unit of traffic with one rate that crosses a set of links, each `count` times:
 //! a point-to-point send crosses `nic_tx(src)`, maybe `up(leaf src)`/`down(leaf dst)`, and
@@ -34,6 +38,13 @@ pub struct Fabric {
     /// NICs, whose capacities add up to the uplink's, so max-min rates are the same without
     /// them and routes leave them out.
     leaf_links_bind: bool,
+    /// Nodes per pod (the whole cluster when there is no aggregation tier).
+    pod_nodes: u32,
+    /// Pod up/down links can limit traffic: more than one pod and oversubscription > 1 (the
+    /// same argument as for leaf links).
+    pod_links_bind: bool,
+    /// First pod link id.
+    pod_base: LinkId,
     /// Capacity of every link, bytes per second.
     pub capacity: Vec<u64>,
 }
@@ -56,8 +67,31 @@ impl Fabric {
                 capacity.push(up);
             }
         }
+        let t = &cluster.topology;
+        let pod_nodes = if t.pod_nodes == 0 {
+            cluster.nodes
+        } else {
+            t.pod_nodes.min(cluster.nodes)
+        };
+        let pods = cluster.nodes.div_ceil(pod_nodes);
+        let pod_base = capacity.len() as LinkId;
+        let pod_links_bind = pods > 1 && t.pod_oversubscription > 1.0;
+        if pod_links_bind {
+            for p in 0..pods {
+                let nodes_in_pod = pod_nodes.min(cluster.nodes - p * pod_nodes) as f64;
+                let up = (nodes_in_pod * gpn as f64 * nic_bytes_per_s as f64
+                    / t.pod_oversubscription)
+                    .round()
+                    .max(1.0) as u64;
+                capacity.push(up);
+                capacity.push(up);
+            }
+        }
         Fabric {
             leaf_links_bind: cluster.topology.oversubscription > 1.0,
+            pod_nodes,
+            pod_links_bind,
+            pod_base,
             gpus_per_node: gpn,
             rail_group_nodes: rg,
             nodes: cluster.nodes,
@@ -90,6 +124,27 @@ impl Fabric {
         2 * self.nodes * self.gpus_per_node + 2 * leaf
     }
 
+    fn pod(&self, g: u32) -> u32 {
+        g / self.gpus_per_node / self.pod_nodes
+    }
+
+    fn pod_up(&self, pod: u32) -> LinkId {
+        self.pod_base + 2 * pod
+    }
+
+    /// What a link is, for symmetry checks: 0/1 NIC transmit/receive, 2/3 leaf up/down, 4/5
+    /// pod up/down.
+    pub fn link_type(&self, l: LinkId) -> usize {
+        let base = if l < 2 * self.nodes * self.gpus_per_node {
+            0
+        } else if l < self.pod_base {
+            2
+        } else {
+            4
+        };
+        base + (l % 2) as usize
+    }
+
     /// True when `a` and `b` are on one node (the transfer uses NVLink, not the fabric).
     pub fn same_node(&self, a: u32, b: u32) -> bool {
         a / self.gpus_per_node == b / self.gpus_per_node
@@ -103,6 +158,11 @@ impl Fabric {
         if ls != ld && self.leaf_links_bind {
             out.push((self.leaf_up(ls), 1));
             out.push((self.leaf_up(ld) + 1, 1));
+        }
+        let (ps, pd) = (self.pod(src), self.pod(dst));
+        if ps != pd && self.pod_links_bind {
+            out.push((self.pod_up(ps), 1));
+            out.push((self.pod_up(pd) + 1, 1));
         }
         out.push((self.nic_rx(dst), 1));
     }
@@ -138,22 +198,33 @@ impl Fabric {
     pub fn all_to_all_links(&self, members: &[u32], out: &mut Vec<(LinkId, u32)>) {
         let n = members.len() as u32;
         let mut leaves: Vec<(u32, u32)> = Vec::new();
+        let mut pods: Vec<(u32, u32)> = Vec::new();
+        let count = |v: &mut Vec<(u32, u32)>, k: u32| match v.iter_mut().find(|(x, _)| *x == k) {
+            Some((_, c)) => *c += 1,
+            None => v.push((k, 1)),
+        };
         for &m in members {
             out.push((self.nic_tx(m), 1));
             out.push((self.nic_rx(m), 1));
-            let l = self.leaf(m);
-            match leaves.iter_mut().find(|(x, _)| *x == l) {
-                Some((_, c)) => *c += 1,
-                None => leaves.push((l, 1)),
-            }
+            count(&mut leaves, self.leaf(m));
+            count(&mut pods, self.pod(m));
         }
+        // c members of a leaf (pod) each send (n - c)/n of their bytes outside it; counted in
+        // whole flows.
+        let crossing = |c: u32| (c as u64 * (n - c) as u64).div_ceil(n as u64) as u32;
         if leaves.len() > 1 && self.leaf_links_bind {
             for &(l, c) in &leaves {
-                // c members each send (n - c)/n of their bytes outside the leaf; counted in whole flows.
-                let crossing = (c as u64 * (n - c) as u64).div_ceil(n as u64) as u32;
-                if crossing > 0 {
-                    out.push((self.leaf_up(l), crossing));
-                    out.push((self.leaf_up(l) + 1, crossing));
+                if crossing(c) > 0 {
+                    out.push((self.leaf_up(l), crossing(c)));
+                    out.push((self.leaf_up(l) + 1, crossing(c)));
+                }
+            }
+        }
+        if pods.len() > 1 && self.pod_links_bind {
+            for &(p, c) in &pods {
+                if crossing(c) > 0 {
+                    out.push((self.pod_up(p), crossing(c)));
+                    out.push((self.pod_up(p) + 1, crossing(c)));
                 }
             }
         }
@@ -573,5 +644,82 @@ mod tests {
         let ea = ends.iter().find(|e| e.flow == a).unwrap();
         assert_eq!(ea.time, 1_500_000_000_000);
         assert!(ends.iter().any(|e| e.flow == b));
+    }
+
+    fn pod_cluster(nodes: u32, pod_nodes: u32, pod_over: f64) -> Cluster {
+        let mut c = crate::job::fixtures::h100_cluster(nodes);
+        c.topology.rail_group_nodes = 1;
+        c.topology.pod_nodes = pod_nodes;
+        c.topology.pod_oversubscription = pod_over;
+        c
+    }
+
+    /// Closed form: the 8 GPUs of node 0 each send B bytes to their rail peer on node 1 in
+    /// the other pod. Pods of one node at 1:4 give each pod 8 NICs / 4 = 2 NICs of uplink,
+    /// so every flow gets NIC / 4 and ends at 4 B / NIC; without the pod tier, B / NIC.
+    #[test]
+    fn pod_uplink_shares_its_capacity() {
+        let nic = 50_000_000_000u64; // 400 Gb/s
+        let bytes = 100_000_000u64;
+        for (over, expect_rate) in [(4.0, nic / 4), (1.0, nic)] {
+            let fabric = Fabric::new(&pod_cluster(2, 1, over), nic);
+            let mut net = Network::new(fabric.capacity.clone());
+            let mut flows = Vec::new();
+            for g in 0..8 {
+                let mut links = Vec::new();
+                fabric.route(g, 8 + g, &mut links);
+                assert_eq!(
+                    links
+                        .iter()
+                        .filter(|&&(l, _)| fabric.link_type(l) >= 4)
+                        .count(),
+                    if over > 1.0 { 2 } else { 0 },
+                    "pod links on the route at 1:{over}"
+                );
+                flows.push(net.add(0, &links, bytes, g as u64));
+            }
+            let ends = settle(&mut net, 0);
+            for &f in &flows {
+                assert_eq!(net.rate(f), expect_rate, "1:{over}");
+            }
+            let t = bytes as u128 * 1_000_000_000_000 / expect_rate as u128;
+            assert!(
+                ends.iter().all(|e| e.time as u128 == t),
+                "1:{over}: {ends:?}"
+            );
+        }
+    }
+
+    /// Inside a pod nothing changes; between pods a ring crosses each pod's uplink and
+    /// downlink once per channel, as it crosses every node boundary.
+    #[test]
+    fn rings_cross_pods_once_per_boundary() {
+        let fabric = Fabric::new(&pod_cluster(4, 2, 7.0), 1_000);
+        let mut links = Vec::new();
+        fabric.route(0, 8, &mut links); // nodes 0 and 1: same pod
+        assert!(links.iter().all(|&(l, _)| fabric.link_type(l) < 4));
+        // One GPU per node on rail 0, nodes 0..4: pods {0,1} and {2,3}; the ring 0-1-2-3-0
+        // crosses from pod 0 to pod 1 once and back once.
+        links.clear();
+        fabric.ring_links(&[0, 8, 16, 24], &mut links);
+        let per_type = |t: usize| -> u32 {
+            links
+                .iter()
+                .filter(|&&(l, _)| fabric.link_type(l) == t)
+                .map(|&(_, c)| c)
+                .sum()
+        };
+        assert_eq!((per_type(4), per_type(5)), (2, 2));
+        assert_eq!((per_type(0), per_type(1)), (4, 4));
+        // Uplink capacity: 2 nodes x 8 GPUs x NIC / 7.
+        let up = links
+            .iter()
+            .find(|&&(l, _)| fabric.link_type(l) == 4)
+            .unwrap()
+            .0;
+        assert_eq!(
+            fabric.capacity[up as usize],
+            (16.0f64 * 1_000.0 / 7.0).round() as u64
+        );
     }
 }

@@ -19,7 +19,7 @@ use prism_core::engine::{SimError, SimResult};
 use prism_core::flops;
 use prism_core::graph::{ExecutionGraph, NONE, OpKind, Phase, Stream};
 use prism_core::job::fixtures::{h100_cluster, small_job};
-use prism_core::job::{Activation, Job, Recompute, Schedule};
+use prism_core::job::{Activation, Job, RankOrder, Recompute, Schedule};
 use prism_core::layout::GroupKind;
 use prism_core::memory;
 use prism_core::ops::Work;
@@ -562,7 +562,7 @@ fn engine_collective_durations_equal_idle_plan() {
     a.model.layers = 1;
     cases.push(a.clone());
     let mut a_ar = a.clone();
-    a_ar.parallel.distributed_optimizer = false; // all-reduce instead of reduce-scatter + all-gather
+    a_ar.parallel.set_distributed_optimizer(false); // all-reduce instead of reduce-scatter + all-gather
     cases.push(a_ar);
     let mut b = small_job(4, 1, 1, 32);
     b.model.layers = 1;
@@ -875,6 +875,25 @@ fn symmetric_jobs() -> Vec<(&'static str, Job)> {
     u.parallel.vpp = 3;
     u.parallel.pipeline_layout = Some(PipelineLayout::parse("E|ttt|tt|t|tt|L").unwrap());
     out.push(("4n tp4 pp2 layout E|ttt|tt|t|tt|L", u));
+    // The Llama 3 order [TP, CP, PP, DP]: a pipeline is a contiguous block, DP outermost.
+    let mut d = small_job(8, 2, 4, 64);
+    d.parallel.order = RankOrder::TpCpEpPpDp;
+    d.cluster.topology.oversubscription = 2.0;
+    d.cluster.topology.rail_group_nodes = 2;
+    out.push(("8n tp2 pp4 dp8 order tp-pp-dp oversub2 rg2", d));
+    // A three-tier Clos: pods of 2 nodes joined at 1:4 above the spine, in both orders.
+    let mut p = small_job(8, 8, 2, 32);
+    p.cluster.topology.rail_group_nodes = 1;
+    p.cluster.topology.pod_nodes = 2;
+    p.cluster.topology.pod_oversubscription = 4.0;
+    out.push(("8n tp8 pp2 dp4 pods of 2 at 1:4", p.clone()));
+    p.parallel.order = RankOrder::TpCpEpPpDp;
+    out.push(("8n tp8 pp2 dp4 pods of 2 at 1:4, order tp-pp-dp", p));
+    // ZeRO-3: per-layer parameter gathers and gradient reduce-scatters in every micro-batch.
+    let mut z = small_job(4, 2, 2, 32);
+    z.parallel.set_zero_stage(3);
+    z.parallel.recompute = Recompute::Full;
+    out.push(("4n tp2 pp2 dp8 zero-3 full recompute", z));
     out.into_iter().map(|(n, j)| (n, valid(j))).collect()
 }
 
@@ -905,7 +924,7 @@ fn reduced_and_slice_equal_full() {
     for (name, job) in symmetric_jobs() {
         let f = full(&job);
         let r = run(&job, &with_mode(Mode::Reduced));
-        let stage = f.graph.layout.stage_size();
+        let layout = f.graph.layout;
         let worst = assert_breakdowns_close(&f.summary.breakdown, &r.summary.breakdown, name);
         eprintln!(
             "[reduced==full {name}] full {:.9e} s reduced {:.9e} s, breakdown worst rel {worst:.2e}",
@@ -930,7 +949,10 @@ fn reduced_and_slice_equal_full() {
         // A slice: one non-representative rank per stage plus a second rank of stage 0.
         let n = f.graph.layout.num_ranks();
         let wanted: Vec<u32> = (0..job.parallel.pp)
-            .map(|s| s * stage + (stage - 1).min(5))
+            .map(|s| {
+                let ranks: Vec<u32> = layout.stage_ranks(s).collect();
+                ranks[(ranks.len() - 1).min(5)]
+            })
             .chain([n - 1])
             .collect();
         let s = run(
@@ -1164,7 +1186,7 @@ fn arb_job() -> impl Strategy<Value = Job> {
                 job.parallel.recompute = rc;
                 job.parallel.sequence_parallel = sp && tp > 1;
                 job.parallel.schedule = sched;
-                job.parallel.distributed_optimizer = dist;
+                job.parallel.set_distributed_optimizer(dist);
                 job.cluster.topology.rail_group_nodes = topo.0;
                 job.cluster.topology.oversubscription = topo.1;
                 job.validate().ok()?;
@@ -1334,10 +1356,15 @@ fn schedules_per_micro_batch_and_stage_symmetry() {
     o.cluster.topology.oversubscription = 4.0;
     o.cluster.topology.rail_group_nodes = 2;
     jobs.push(o);
+    let mut d = small_job(4, 2, 4, 32);
+    d.parallel.order = RankOrder::TpCpEpPpDp;
+    jobs.push(d);
     for job in jobs {
         let job = valid(job);
         let l = prism_core::layout::Layout::new(&job);
-        let reps: Vec<u32> = (0..job.parallel.pp).map(|s| s * l.stage_size()).collect();
+        let reps: Vec<u32> = (0..job.parallel.pp)
+            .map(|s| l.first_rank_of_stage(s))
+            .collect();
         let res = run(
             &job,
             &SimOptions {
@@ -1388,7 +1415,7 @@ fn schedules_per_micro_batch_and_stage_symmetry() {
             assert_eq!(rc[0] > 0, job.parallel.recompute != Recompute::None);
             // Symmetry: every rank of the stage times like its representative.
             let rep_t = &res.ranks[rep as usize];
-            for r in rep..rep + l.stage_size() {
+            for r in l.stage_ranks(stage as u32) {
                 let t = &res.ranks[r as usize];
                 assert_eq!(t.finish_s, rep_t.finish_s, "rank {r} vs {rep} finish");
                 assert_eq!(t.compute_s, rep_t.compute_s, "rank {r} vs {rep} compute");
@@ -1480,4 +1507,169 @@ fn attention_work_flops_conventions() {
         backward: true,
     };
     assert_eq!(bwd.flops(), 2.5 * fwd.flops());
+}
+
+// ---------------------------------------------------------------------------------------------
+// ZeRO-3 (parameter sharding)
+// ---------------------------------------------------------------------------------------------
+
+/// Truth (closed forms of ZeRO-3, Rajbhandari et al. 2020): per micro-batch and transformer
+/// layer, one all-gather of the layer's BF16 parameters before its forward, one before its
+/// backward (and none extra for a full-recompute forward, which reuses the backward's), and
+/// one reduce-scatter of its gradients (FP32, or BF16 with `grad_reduce_in_bf16`); the
+/// embedding and LM head are gathered once and reduced once per iteration. The DP stream is
+/// serial, so the iteration lasts at least the sum of its collectives; with the gathers
+/// sharing a stream with compute only through dependencies, it lasts at most compute + DP.
+#[test]
+fn zero3_traffic_and_time_follow_the_closed_forms() {
+    for (recompute, bf16) in [(Recompute::None, false), (Recompute::Full, true)] {
+        let mut job = small_job(2, 1, 1, 64);
+        job.model.layers = 4;
+        job.parallel.micro_batch = 2; // 64 / (16 x 2) = 2 micro-batches
+        job.parallel.set_zero_stage(3);
+        job.parallel.recompute = recompute;
+        job.parallel.grad_reduce_in_bf16 = bf16;
+        let job = valid(job);
+        let m = job.micro_batches();
+        assert_eq!(m, 2);
+        let res = run(
+            &job,
+            &SimOptions {
+                record_ranks: vec![0],
+                ..SimOptions::default()
+            },
+        );
+        let per_layer = job.model.layer_params(); // tp 1, no experts
+        let gb = if bf16 { 2 } else { 4 };
+        let dp = recorded_collectives(&res, 0, GroupKind::Dp);
+        let count = |op: Collective, bytes: u64| {
+            dp.iter()
+                .filter(|&&(o, b, _)| o == op && b == bytes)
+                .count() as u64
+        };
+        let layers = job.model.layers as u64;
+        assert_eq!(count(Collective::AllGather, 2 * per_layer), 2 * m * layers);
+        assert_eq!(count(Collective::ReduceScatter, gb * per_layer), m * layers);
+        // Embedding and LM head (untied): one gather (at the start) and one reduction.
+        let rest: Vec<_> = dp
+            .iter()
+            .filter(|&&(_, b, _)| b != 2 * per_layer && b != gb * per_layer)
+            .collect();
+        assert_eq!(rest.len(), 2, "{rest:?}");
+        let dp_sum: u64 = dp.iter().map(|&(_, _, d)| d).sum();
+        let t = (res.summary.iteration_time_s * 1e12).round() as u64;
+        let r0 = &res.ranks[0];
+        let compute = (r0.compute_s * 1e12).round() as u64;
+        assert!(t + 1 >= dp_sum, "iteration {t} ps < DP stream {dp_sum} ps");
+        assert!(t <= compute + dp_sum + 1, "iteration {t} ps > compute + DP");
+        // The same job with ZeRO-1 moves far fewer bytes and is not slower.
+        let mut z1 = job.clone();
+        z1.parallel.set_zero_stage(1);
+        let t1 = full(&valid(z1)).summary.iteration_time_s;
+        assert!(
+            t1 <= res.summary.iteration_time_s,
+            "ZeRO-1 {t1} s slower than ZeRO-3"
+        );
+    }
+}
+
+/// Truth: ZeRO-3 memory = sharded layer weights and gradients plus two gathered layers of
+/// weights and one layer of unsharded gradients; ZeRO-2 shards gradients only; optimizer state
+/// is sharded from stage 1 on (closed forms from the parameter counts).
+#[test]
+fn zero_stage_memory_closed_forms() {
+    use prism_core::memory::{layer_params, stage_memory, stage_params};
+    let mut job = small_job(4, 2, 2, 64);
+    job.parallel.set_zero_stage(1);
+    let job = valid(job);
+    let dp = job.parallel.dp as u64;
+    let z1 = stage_memory(&job, 0);
+    let p = stage_params(&job, 0).total();
+    let one = layer_params(&job).total();
+    let layers = job.stage_layers()[0] as u64;
+    let rest = p - layers * one;
+    assert_eq!(z1.weights, 2 * p);
+    assert_eq!(z1.gradients, 4 * p);
+    assert_eq!(z1.optimizer, (12 * p).div_ceil(dp));
+    let mut j2 = job.clone();
+    j2.parallel.set_zero_stage(2);
+    let z2 = stage_memory(&valid(j2), 0);
+    assert_eq!((z2.weights, z2.gradients), (2 * p, (4 * p).div_ceil(dp)));
+    let mut j3 = job.clone();
+    j3.parallel.set_zero_stage(3);
+    let z3 = stage_memory(&valid(j3), 0);
+    assert_eq!(
+        z3.weights,
+        2 * (rest + 2 * one) + (2 * layers * one).div_ceil(dp)
+    );
+    assert_eq!(
+        z3.gradients,
+        4 * (rest + one) + (4 * layers * one).div_ceil(dp)
+    );
+    assert_eq!(z3.optimizer, z1.optimizer);
+    assert_eq!(z3.activations, z1.activations);
+    let mut j0 = job.clone();
+    j0.parallel.set_zero_stage(0);
+    let z0 = stage_memory(&valid(j0), 0);
+    assert_eq!(z0.optimizer, 12 * p);
+    // The stage and the distributed optimizer flag must agree.
+    let mut bad = job.clone();
+    bad.parallel.zero_stage = 3;
+    bad.parallel.distributed_optimizer = false;
+    let e = bad.validate().unwrap_err();
+    assert_eq!(e.key, "parallel.zero_stage");
+}
+
+/// Regression (found by `prop_reduced_equals_full`): a layout may leave a pipeline rank with
+/// no work at all (an empty stage, neither embedding nor loss); the graph builds, the run
+/// simulates, reduced equals full, with and without overlapped gradient reduction.
+#[test]
+fn an_empty_pipeline_stage_simulates() {
+    for overlap in [true, false] {
+        let mut job = small_job(1, 1, 4, 8);
+        job.parallel.pipeline_layout = Some(PipelineLayout::parse("Etttt||tttt|L").unwrap());
+        job.parallel.set_distributed_optimizer(false);
+        job.parallel.overlap_grad_reduce = overlap;
+        let job = valid(job);
+        let f = full(&job);
+        let r = run(&job, &with_mode(Mode::Reduced));
+        assert!(f.summary.iteration_time_s > 0.0);
+        assert_eq!(f.summary.iteration_time_s, r.summary.iteration_time_s);
+    }
+}
+
+/// Truth: without sequence parallelism, Megatron's scatter/gather sends `1/tp` of an
+/// activation per TP rank; DeepSpeed's pipeline engine (`pp_scatter_gather = false`) sends
+/// the whole activation from every rank: exactly `tp` times the bytes, and never faster.
+#[test]
+fn pipeline_messages_follow_scatter_gather() {
+    let mut job = small_job(1, 4, 2, 8);
+    job.parallel.sequence_parallel = false;
+    let sends = |j: &Job| -> Vec<u64> {
+        let g = prism_core::graph::ExecutionGraph::build(j);
+        g.programs[0]
+            .kind
+            .iter()
+            .filter_map(|k| match k {
+                OpKind::Send { bytes, .. } => Some(*bytes),
+                _ => None,
+            })
+            .collect()
+    };
+    let sg = valid(job.clone());
+    let mut whole = job.clone();
+    whole.parallel.pp_scatter_gather = false;
+    let whole = valid(whole);
+    let (a, b) = (sends(&sg), sends(&whole));
+    assert!(!a.is_empty() && a.len() == b.len());
+    let d = &sg.model;
+    let t = sg.parallel.micro_batch as u64 * d.seq_len as u64;
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(*x, t / 4 * d.hidden as u64 * 2);
+        assert_eq!(*y, 4 * x);
+    }
+    assert!(
+        full(&whole).summary.iteration_time_s >= full(&sg).summary.iteration_time_s,
+        "whole-activation messages ran faster"
+    );
 }

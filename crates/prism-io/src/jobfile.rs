@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use prism_core::job::{
     Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
-    Recompute, Schedule, Topology, Training,
+    RankOrder, Recompute, Schedule, Stack, Topology, Training,
 };
 use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
@@ -240,6 +240,8 @@ const CLUSTER_FIELDS: &[Field] = &[
     fld("topology", Ty::Str),
     fld("rail_group_nodes", Ty::U32),
     fld("oversubscription", Ty::F64),
+    fld("pod_nodes", Ty::U32),
+    fld("pod_oversubscription", Ty::F64),
 ];
 
 const PARALLEL_FIELDS: &[Field] = &[
@@ -278,12 +280,18 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("overlap_grad_reduce", Ty::Bool),
     fld("overlap_param_gather", Ty::Bool),
     fld("tp_comm_overlap", Ty::Bool),
+    fld("order", Ty::Str),
+    fld("use_tp_pp_dp_mapping", Ty::Bool),
+    fld("zero_stage", Ty::U32),
+    fld("grad_reduce_in_bf16", Ty::Bool),
+    fld("pp_scatter_gather", Ty::Bool),
 ];
 
 const TRAINING_FIELDS: &[Field] = &[
     alias("global_batch", Ty::U32, &["global_batch_size"]),
     fld("precision", Ty::Str),
     fld("flash_attention", Ty::Bool),
+    fld("stack", Ty::Str),
 ];
 
 const COST_FIELDS: &[Field] = &[fld("kernel_table", Ty::Str)];
@@ -1457,7 +1465,14 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
         .get("parallel")
         .map_or(NO_SECTION, |s| &s.fields);
     record(&mut sources, "parallel", parallel_fields);
-    let parallel = build_parallel(ctx, parallel_fields, &model, &cluster, &mut sources)?;
+    let parallel = build_parallel(
+        ctx,
+        parallel_fields,
+        &model,
+        &cluster,
+        training.stack,
+        &mut sources,
+    )?;
 
     let cost_fields = doc.sections.get("cost").map_or(NO_SECTION, |s| &s.fields);
     let cost = Getter {
@@ -2084,6 +2099,8 @@ fn build_cluster(
         topology: Topology {
             rail_group_nodes: g.u32("rail_group_nodes")?.unwrap_or(32),
             oversubscription: g.f64("oversubscription")?.unwrap_or(1.0),
+            pod_nodes: g.u32("pod_nodes")?.unwrap_or(0),
+            pod_oversubscription: g.f64("pod_oversubscription")?.unwrap_or(1.0),
         },
     };
     Ok((cluster, fields))
@@ -2105,11 +2122,16 @@ fn build_training(
             &[("bf16", Precision::Bf16), ("fp8", Precision::Fp8)],
         )?
         .unwrap_or(Precision::Bf16);
-    let flash_attention = g.bool("flash_attention")?.unwrap_or(true);
+    let names: Vec<(&'static str, Stack)> = Stack::ALL.iter().map(|s| (s.name(), *s)).collect();
+    let stack = g.choice("stack", &names)?.unwrap_or_default();
+    let flash_attention = g
+        .bool("flash_attention")?
+        .unwrap_or(stack.defaults().flash_attention);
     Ok(Training {
         global_batch,
         precision,
         flash_attention,
+        stack,
     })
 }
 
@@ -2118,8 +2140,10 @@ fn build_parallel(
     fields: &BTreeMap<&'static str, Entry>,
     model: &Model,
     cluster: &Cluster,
+    stack: Stack,
     sources: &mut Sources,
 ) -> Result<Parallel, JobFileError> {
+    let sd = stack.defaults();
     let g = Getter {
         ctx,
         section: "parallel",
@@ -2240,7 +2264,7 @@ fn build_parallel(
         Some(b) => b,
         None => {
             sources.insert("parallel.sequence_parallel".into(), Src::Default);
-            tp > 1
+            sd.sequence_parallel && tp > 1
         }
     };
     let recompute = g
@@ -2253,7 +2277,22 @@ fn build_parallel(
             ],
         )?
         .unwrap_or(Recompute::None);
-    let distributed_optimizer = g.bool("distributed_optimizer")?.unwrap_or(true);
+    let dist_given = g.bool("distributed_optimizer")?;
+    let zero_stage = match g.u32("zero_stage")? {
+        Some(z) if z > 3 => {
+            return Err(g.ctx.error(
+                Some("parallel.zero_stage"),
+                format!("must be 0, 1, 2 or 3 (got {z})"),
+            ));
+        }
+        Some(z) => z as u8,
+        None => match dist_given {
+            Some(false) => 0,
+            Some(true) => sd.zero_stage.max(1),
+            None => sd.zero_stage,
+        },
+    };
+    let distributed_optimizer = dist_given.unwrap_or(zero_stage >= 1);
     let schedule = match g.choice(
         "schedule",
         &[
@@ -2278,10 +2317,43 @@ fn build_parallel(
         }
     };
     let dp_bucket_mparams = g.f64("dp_bucket_mparams")?.unwrap_or(40.0);
-    let overlap_grad_reduce = g.bool("overlap_grad_reduce")?.unwrap_or(true);
-    let overlap_param_gather = g.bool("overlap_param_gather")?.unwrap_or(true);
+    let overlap_grad_reduce = g
+        .bool("overlap_grad_reduce")?
+        .unwrap_or(sd.overlap_grad_reduce);
+    let overlap_param_gather = g
+        .bool("overlap_param_gather")?
+        .unwrap_or(sd.overlap_param_gather);
     let tp_comm_overlap = g.bool("tp_comm_overlap")?.unwrap_or(false);
     let deallocate_stage_input = g.bool("deallocate_stage_input")?.unwrap_or(false);
+    let orders = [
+        ("tp-cp-ep-dp-pp", RankOrder::TpCpEpDpPp),
+        ("tp-cp-ep-pp-dp", RankOrder::TpCpEpPpDp),
+        ("tp-cp-dp-pp", RankOrder::TpCpEpDpPp),
+        ("tp-cp-pp-dp", RankOrder::TpCpEpPpDp),
+        ("tp-dp-pp", RankOrder::TpCpEpDpPp),
+        ("tp-pp-dp", RankOrder::TpCpEpPpDp),
+    ];
+    let order = g.choice("order", &orders)?;
+    let mapping = g.bool("use_tp_pp_dp_mapping")?.map(|b| {
+        if b {
+            RankOrder::TpCpEpPpDp
+        } else {
+            RankOrder::TpCpEpDpPp
+        }
+    });
+    let order = match (order, mapping) {
+        (Some(o), Some(m)) if o != m => {
+            return Err(g.ctx.error(
+                Some("parallel.order"),
+                format!(
+                    "\"{}\" contradicts parallel.use_tp_pp_dp_mapping = {} (give one of the two)",
+                    o.name(),
+                    m == RankOrder::TpCpEpPpDp
+                ),
+            ));
+        }
+        (o, m) => o.or(m).unwrap_or_default(),
+    };
     Ok(Parallel {
         tp,
         pp,
@@ -2302,5 +2374,11 @@ fn build_parallel(
         overlap_grad_reduce,
         overlap_param_gather,
         tp_comm_overlap,
+        order,
+        zero_stage,
+        grad_reduce_in_bf16: g
+            .bool("grad_reduce_in_bf16")?
+            .unwrap_or(sd.grad_reduce_in_bf16),
+        pp_scatter_gather: g.bool("pp_scatter_gather")?.unwrap_or(sd.pp_scatter_gather),
     })
 }

@@ -72,7 +72,7 @@ pub fn rank_json(r: &RankTiming, layout: &Layout) -> Value {
 /// `model_flops`, `hardware_flops`, `graph_ops`, `programs`, `events`, `tokens_per_s_per_gpu`,
 /// `ranks_simulated` and `parallel` (the job's `tp`, `pp`, `cp`, `ep`, `dp`, `vpp`,
 /// `micro_batch`, `schedule`, `recompute`, `sequence_parallel`, `distributed_optimizer`,
-/// `global_batch`, `precision`). `ranks` (per-rank timings) is present when at most
+/// `zero_stage`, `order`, `stack`, `global_batch`, `precision`). `ranks` (per-rank timings) is present when at most
 /// [`MAX_LISTED_RANKS`] ranks were simulated.
 pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     let s = &result.summary;
@@ -127,6 +127,9 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
             "recompute": recompute_name(p.recompute),
             "sequence_parallel": p.sequence_parallel,
             "distributed_optimizer": p.distributed_optimizer,
+            "zero_stage": p.zero_stage,
+            "order": p.order.name(),
+            "stack": job.training.stack.name(),
             "global_batch": job.training.global_batch,
             "precision": precision_name(job.training.precision),
         },

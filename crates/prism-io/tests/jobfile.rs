@@ -1533,3 +1533,153 @@ fn pipeline_layout_errors_name_the_key_and_rule() {
         &[],
     );
 }
+
+/// `parallel.order` takes Megatron-Core's order strings (and `use_tp_pp_dp_mapping`, the flag
+/// that selects the second one); anything else, or both keys disagreeing, names the key.
+#[test]
+fn rank_order_and_pod_tier_keys() {
+    use prism_core::job::RankOrder;
+    assert_eq!(ok(SMALL, &[]).job.parallel.order, RankOrder::TpCpEpDpPp);
+    for (set, want) in [
+        ("parallel.order=tp-cp-ep-pp-dp", RankOrder::TpCpEpPpDp),
+        ("parallel.order=tp-pp-dp", RankOrder::TpCpEpPpDp),
+        ("parallel.order=tp-cp-ep-dp-pp", RankOrder::TpCpEpDpPp),
+        ("parallel.use_tp_pp_dp_mapping=true", RankOrder::TpCpEpPpDp),
+        ("parallel.use_tp_pp_dp_mapping=false", RankOrder::TpCpEpDpPp),
+    ] {
+        assert_eq!(ok(SMALL, &[set]).job.parallel.order, want, "{set}");
+    }
+    fails(
+        SMALL,
+        &["parallel.order=pp-dp-tp"],
+        "parallel.order",
+        &["must be one of", "\"tp-cp-ep-dp-pp\""],
+    );
+    fails(
+        SMALL,
+        &[
+            "parallel.order=tp-cp-ep-dp-pp",
+            "parallel.use_tp_pp_dp_mapping=true",
+        ],
+        "parallel.order",
+        &["contradicts parallel.use_tp_pp_dp_mapping"],
+    );
+    let c = ok(
+        SMALL,
+        &[
+            "cluster.rail_group_nodes=2",
+            "cluster.pod_nodes=4",
+            "cluster.pod_oversubscription=7",
+        ],
+    )
+    .job
+    .cluster;
+    assert_eq!(
+        (c.topology.pod_nodes, c.topology.pod_oversubscription),
+        (4, 7.0)
+    );
+    fails(
+        SMALL,
+        &["cluster.rail_group_nodes=2", "cluster.pod_nodes=3"],
+        "cluster.pod_nodes",
+        &["multiple of cluster.rail_group_nodes"],
+    );
+    fails(
+        SMALL,
+        &["cluster.pod_oversubscription=0.5"],
+        "cluster.pod_oversubscription",
+        &[">= 1"],
+    );
+}
+
+/// `parallel.zero_stage` (0-3) and `distributed_optimizer` derive each other when one is
+/// given; contradicting values name `parallel.zero_stage`.
+#[test]
+fn zero_stage_keys() {
+    let p = |sets: &[&str]| {
+        let j = ok(SMALL, sets).job;
+        (j.parallel.zero_stage, j.parallel.distributed_optimizer)
+    };
+    assert_eq!(p(&[]), (1, true));
+    assert_eq!(p(&["parallel.distributed_optimizer=false"]), (0, false));
+    assert_eq!(p(&["parallel.zero_stage=3"]), (3, true));
+    assert_eq!(p(&["parallel.zero_stage=0"]), (0, false));
+    assert_eq!(p(&["parallel.zero_stage=2"]), (2, true));
+    fails(
+        SMALL,
+        &[
+            "parallel.zero_stage=3",
+            "parallel.distributed_optimizer=false",
+        ],
+        "parallel.zero_stage",
+        &["contradicts parallel.distributed_optimizer"],
+    );
+    fails(
+        SMALL,
+        &["parallel.zero_stage=4"],
+        "parallel.zero_stage",
+        &["must be 0, 1, 2 or 3"],
+    );
+    let j = ok(SMALL, &["parallel.grad_reduce_in_bf16=true"]).job;
+    assert!(j.parallel.grad_reduce_in_bf16);
+}
+
+/// `training.stack` sets the defaults its software implies; explicit keys still win, and a
+/// stack's own rules name the key that breaks them.
+#[test]
+fn training_stack_sets_defaults() {
+    use prism_core::job::Stack;
+    let get = |sets: &[&str]| ok(SMALL, sets).job;
+    let core = get(&[]);
+    assert_eq!(core.training.stack, Stack::MegatronCore);
+    for stack in Stack::ALL {
+        let j = get(&[&format!("training.stack={}", stack.name())]);
+        let d = stack.defaults();
+        let p = &j.parallel;
+        assert_eq!(j.training.stack, stack);
+        assert_eq!(p.zero_stage, d.zero_stage, "{stack:?}");
+        assert_eq!(p.distributed_optimizer, d.zero_stage >= 1, "{stack:?}");
+        assert_eq!(
+            (p.overlap_grad_reduce, p.overlap_param_gather),
+            (d.overlap_grad_reduce, d.overlap_param_gather),
+            "{stack:?}"
+        );
+        assert_eq!(p.sequence_parallel, d.sequence_parallel && p.tp > 1);
+        assert_eq!(j.training.flash_attention, d.flash_attention);
+        assert_eq!(p.grad_reduce_in_bf16, d.grad_reduce_in_bf16);
+        assert_eq!(p.pp_scatter_gather, d.pp_scatter_gather);
+    }
+    // The default stack is today's Megatron-Core defaults.
+    assert_eq!(core.parallel.zero_stage, 1);
+    assert!(core.training.flash_attention && core.parallel.overlap_grad_reduce);
+    // Explicit keys override the stack.
+    let j = get(&[
+        "training.stack=megatron-lm-2021",
+        "training.flash_attention=true",
+        "parallel.overlap_grad_reduce=true",
+    ]);
+    assert!(j.training.flash_attention && j.parallel.overlap_grad_reduce);
+    fails(
+        SMALL,
+        &["training.stack=deepspeed", "parallel.zero_stage=3"],
+        "parallel.zero_stage",
+        &["pipeline engine supports ZeRO stages 0 and 1"],
+    );
+    fails(
+        SMALL,
+        &["training.stack=megatron"],
+        "training.stack",
+        &["must be one of", "\"megatron-core\""],
+    );
+}
+
+/// DeepSpeed's pipeline engine has no interleaved schedule.
+#[test]
+fn deepspeed_refuses_the_interleaved_schedule() {
+    fails(
+        SMALL,
+        &["training.stack=deepspeed", "parallel.vpp=2"],
+        "parallel.schedule",
+        &["plain 1F1B only"],
+    );
+}

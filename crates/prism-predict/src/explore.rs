@@ -226,7 +226,7 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
                                 p.vpp = vpp;
                                 p.micro_batch = mb;
                                 p.recompute = recompute;
-                                p.distributed_optimizer = dist;
+                                p.set_distributed_optimizer(dist);
                                 p.sequence_parallel = sp(tp);
                                 p.schedule = if vpp > 1 {
                                     Schedule::Interleaved
@@ -377,9 +377,8 @@ impl Placement {
                 }
             }
             Placement::LeastLoadedStage => {
-                let size = l.stage_size();
                 for &s in stages_by_load {
-                    out.extend(s * size..(s + 1) * size);
+                    out.extend(l.stage_ranks(s));
                 }
             }
         }
@@ -794,6 +793,7 @@ mod tests {
             pp,
             ep: 1,
             gpus_per_node: 8,
+            order: prism_core::job::RankOrder::TpCpEpDpPp,
         }
     }
 

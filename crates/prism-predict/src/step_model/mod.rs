@@ -98,7 +98,9 @@ impl Frozen {
     /// The ranks a run must record for [`Frozen::from_run`]: one representative per stage.
     pub fn record_ranks(job: &Job) -> Vec<u32> {
         let layout = Layout::new(job);
-        (0..layout.pp).map(|s| s * layout.stage_size()).collect()
+        (0..layout.pp)
+            .map(|s| layout.first_rank_of_stage(s))
+            .collect()
     }
 
     /// Runs the job once, deterministic and reduced, recording the representatives.
@@ -121,7 +123,7 @@ impl Frozen {
         let layout = run.graph.layout;
         let mut durations = Vec::with_capacity(layout.pp as usize);
         for (s, prog) in run.graph.programs.iter().enumerate() {
-            let rep = s as u32 * layout.stage_size();
+            let rep = layout.first_rank_of_stage(s as u32);
             let rec = run.timelines.iter().find(|t| t.rank == rep)?;
             let mut dur = vec![0 as SimTime; prog.len()];
             for r in &rec.ops {
@@ -229,6 +231,12 @@ impl StepModel {
     pub fn with_frozen(job: &Job, frozen: &Frozen) -> Result<StepModel, SimError> {
         if job.model.moe.is_some() {
             return Err(unsupported("mixture-of-experts models are not supported"));
+        }
+        if job.parallel.shards_params() {
+            return Err(unsupported(
+                "ZeRO-3 parameter sharding is not supported (its data-parallel gathers sit \
+                 inside the pipeline)",
+            ));
         }
         let graph = ExecutionGraph::build(job);
         let layout = graph.layout;
