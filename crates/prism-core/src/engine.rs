@@ -569,7 +569,7 @@ pub fn simulate_graph<'a>(
                 (ext.iter().chain(wanted))
                     .copied()
                     .find(|&r| layout.coord(r).pp == s)
-                    .unwrap_or(s * layout.stage_size())
+                    .unwrap_or(layout.first_rank_of_stage(s))
             })
             .collect()
     };

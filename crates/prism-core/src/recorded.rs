@@ -387,11 +387,9 @@ pub fn graph_from_traces(
     let mut reps = Vec::with_capacity(layout.pp as usize);
     for s in 0..layout.pp {
         let Some(list) = by_stage.get_mut(&s) else {
-            let size = layout.stage_size();
             return Err(TraceError::Missing(format!(
-                "no trace of pipeline stage {s} (ranks {}..={}); give one rank of every stage",
-                s * size,
-                (s + 1) * size - 1
+                "no trace of pipeline stage {s} (e.g. rank {}); give one rank of every stage",
+                layout.first_rank_of_stage(s)
             )));
         };
         list.sort_by_key(|t| t.rank);

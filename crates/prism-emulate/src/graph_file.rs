@@ -81,7 +81,8 @@ impl LayoutSpec {
         Ok(n as u32)
     }
 
-    /// The engine's layout (cp = ep = 1) on nodes of `gpus_per_node`.
+    /// The engine's layout (cp = ep = 1, Megatron's default order `tp-cp-ep-dp-pp`) on nodes of
+    /// `gpus_per_node`.
     pub fn layout(&self, gpus_per_node: u32) -> prism_core::layout::Layout {
         prism_core::layout::Layout {
             tp: self.tp,
@@ -90,6 +91,7 @@ impl LayoutSpec {
             pp: self.pp,
             ep: 1,
             gpus_per_node,
+            order: prism_core::job::RankOrder::TpCpEpDpPp,
         }
     }
 
