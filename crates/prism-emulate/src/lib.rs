@@ -8,4 +8,5 @@
 //! ([`protocol`], specified in `docs/emulate.md`); slicing, the coordinator and the clients are
 //! to be built on it.
 
+pub mod comm;
 pub mod protocol;
