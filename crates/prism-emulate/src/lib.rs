@@ -10,3 +10,4 @@
 
 pub mod comm;
 pub mod protocol;
+pub mod workload;
