@@ -10,4 +10,5 @@
 
 pub mod comm;
 pub mod protocol;
+pub mod worker;
 pub mod workload;

@@ -300,7 +300,11 @@ pub struct Communicator {
     backend: Box<dyn Backend>,
     seq: u64,
     clock: ClockFn,
+    /// Clock at the last call's release (the backend's compute is measured from here).
     last_release: f64,
+    /// Clock at the last release or iteration start (the trace's compute is measured from
+    /// here).
+    trace_mark: f64,
     total_compute_s: f64,
     trace: Trace,
     /// Program-wide call count (the emulated backend's `seq` never restarts).
@@ -340,6 +344,7 @@ impl Communicator {
             seq: 0,
             clock,
             last_release,
+            trace_mark: last_release,
             total_compute_s: 0.0,
             trace: Trace {
                 rank,
@@ -408,14 +413,26 @@ impl Communicator {
         self.backend.emulated_time()
     }
 
+    /// Forgets the compute since the last release (e.g. the model's set-up before the first
+    /// step), for the backend and the trace alike.
+    pub fn reset_compute_clock(&mut self) {
+        let now = (self.clock)();
+        self.last_release = now;
+        self.trace_mark = now;
+    }
+
     /// Starts a new iteration of the trace: the compute since the last call closes the previous
-    /// iteration (returned, with its trace), and the new trace's calls count from 0. The
-    /// backend's session is unaffected (the emulated backend's `seq` keeps counting).
+    /// iteration (returned, with its trace, as its tail), and the new trace's calls count from
+    /// 0. The backend is unaffected: its next call's `compute_s` still counts from the last
+    /// release (the emulated backend's `seq` keeps counting too).
     pub fn start_iteration(&mut self, peak_memory_bytes: u64) -> Trace {
         let now = (self.clock)();
-        let tail = (now - self.last_release).max(0.0);
-        self.total_compute_s += tail;
-        self.last_release = now;
+        self.split_at(now, peak_memory_bytes)
+    }
+
+    fn split_at(&mut self, now: f64, peak_memory_bytes: u64) -> Trace {
+        let tail = (now - self.trace_mark).max(0.0);
+        self.trace_mark = now;
         let mut done = std::mem::replace(
             &mut self.trace,
             Trace {
@@ -445,6 +462,7 @@ impl Communicator {
     ) -> Result<(), CommError> {
         let now = (self.clock)();
         let compute_s = (now - self.last_release).max(0.0);
+        let trace_compute_s = (now - self.trace_mark).max(0.0);
         let spec = CallSpec {
             seq: self.seq,
             op,
@@ -511,9 +529,11 @@ impl Communicator {
         }
         let mut call = call;
         call.seq = self.trace.calls.len() as u64;
+        call.compute_s = trace_compute_s;
         self.trace.calls.push(call);
         self.seq += 1;
         self.last_release = (self.clock)();
+        self.trace_mark = self.last_release;
         Ok(())
     }
 
@@ -614,12 +634,16 @@ impl Communicator {
     /// Ends the session: the backend's `Bye` carries the compute since the last call and
     /// `peak_memory_bytes`. Returns the current iteration's trace, closed the same way.
     pub fn finish(&mut self, peak_memory_bytes: u64) -> Result<Trace, CommError> {
-        let trace = self.start_iteration(peak_memory_bytes);
+        let now = (self.clock)();
+        let trace = self.split_at(now, peak_memory_bytes);
         if self.finished {
             return Ok(trace);
         }
         self.finished = true;
-        match self.backend.finish(trace.tail_compute_s, peak_memory_bytes) {
+        let tail = (now - self.last_release).max(0.0);
+        self.total_compute_s += tail;
+        self.last_release = now;
+        match self.backend.finish(tail, peak_memory_bytes) {
             Ok(()) => Ok(trace),
             Err(BackendError::Msg(message)) => Err(CommError::Session {
                 rank: self.rank,
