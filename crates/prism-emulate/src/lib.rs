@@ -10,5 +10,6 @@
 
 pub mod comm;
 pub mod protocol;
+pub mod validate;
 pub mod worker;
 pub mod workload;
