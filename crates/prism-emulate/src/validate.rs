@@ -30,9 +30,9 @@ use crate::workload::Config;
 
 /// Prices one communication call.
 pub trait CommCost: fmt::Debug + Sync {
-    /// Seconds `call` takes, once every member has arrived (for a send: on the wire), in a
-    /// group of `group_size` ranks (2 for a send).
-    fn seconds(&self, call: &Call, group_size: usize) -> f64;
+    /// Seconds `call` of rank `rank` takes, once every member has arrived (for a send: on the
+    /// wire), in a group of `group_size` ranks (2 for a send).
+    fn seconds(&self, rank: u32, call: &Call, group_size: usize) -> f64;
 }
 
 /// The alpha-beta model of ring algorithms: with `g` ranks and `n` bytes contributed, an
@@ -58,7 +58,7 @@ impl Default for AlphaBeta {
 }
 
 impl CommCost for AlphaBeta {
-    fn seconds(&self, call: &Call, g: usize) -> f64 {
+    fn seconds(&self, _rank: u32, call: &Call, g: usize) -> f64 {
         let n = call.bytes as f64;
         let gf = g as f64;
         let steps = (g.saturating_sub(1)) as f64;
@@ -72,6 +72,66 @@ impl CommCost for AlphaBeta {
             Op::Unspecified => (0.0, 0.0),
         };
         lat * self.latency_s + bytes / self.bytes_per_s
+    }
+}
+
+/// Prism's own prices (`prism_core::cost::comm`), as the engine charges a call on an idle
+/// network: collectives by [`plan_collective`](prism_core::cost::comm::plan_collective)
+/// (NCCL's algorithm and protocol choice; a broadcast priced as an all-gather of its bytes, a
+/// barrier as an all-reduce of nothing), sends by
+/// [`plan_p2p`](prism_core::cost::comm::plan_p2p) over NVLink inside a node and the NIC across.
+/// Rank `r` sits on node `r / gpus_per_node`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineCost {
+    pub cluster: prism_core::job::Cluster,
+    pub params: prism_core::cost::comm::CommParams,
+}
+
+impl EngineCost {
+    /// The prices of `cluster` with its GPU generation's calibrated parameters.
+    pub fn new(cluster: &prism_core::job::Cluster) -> Self {
+        EngineCost {
+            cluster: cluster.clone(),
+            params: prism_core::cost::comm::CommParams::for_gpu(&cluster.gpu),
+        }
+    }
+}
+
+impl CommCost for EngineCost {
+    fn seconds(&self, rank: u32, call: &Call, g: usize) -> f64 {
+        use prism_core::cost::comm::{Collective, GroupShape, plan_collective, plan_p2p};
+        let per = self.cluster.gpus_per_node.max(1);
+        let op = Op::try_from(call.op).unwrap_or(Op::Unspecified);
+        let plan = match op {
+            Op::Send | Op::Recv => plan_p2p(
+                call.bytes,
+                rank / per == call.peer / per,
+                &self.cluster,
+                &self.params,
+            ),
+            Op::Unspecified => return 0.0,
+            _ => {
+                let mut nodes: BTreeMap<u32, u32> = BTreeMap::new();
+                for &r in &call.group {
+                    *nodes.entry(r / per).or_insert(0) += 1;
+                }
+                let shape = GroupShape {
+                    ranks: g as u32,
+                    nodes: nodes.len() as u32,
+                    per_node: nodes.values().copied().max().unwrap_or(1),
+                };
+                let (c, bytes) = match op {
+                    Op::AllReduce => (Collective::AllReduce, call.bytes),
+                    Op::ReduceScatter => (Collective::ReduceScatter, call.bytes),
+                    Op::AllGather => (Collective::AllGather, call.bytes * g as u64),
+                    Op::AllToAll => (Collective::AllToAll, call.bytes),
+                    Op::Broadcast => (Collective::AllGather, call.bytes),
+                    _ => (Collective::AllReduce, 0),
+                };
+                plan_collective(c, bytes, shape, &self.cluster, &self.params)
+            }
+        };
+        plan.idle_seconds(&self.cluster, &self.params)
     }
 }
 
@@ -124,7 +184,7 @@ pub fn replay(traces: &[Trace], cost: &dyn CommCost) -> Result<Vec<f64>, String>
             let op = Op::try_from(c.op).unwrap_or(Op::Unspecified);
             match op {
                 Op::Send => {
-                    let end = arrive + cost.seconds(c, 2);
+                    let end = arrive + cost.seconds(r as u32, c, 2);
                     mail.entry((r as u32, c.peer)).or_default().push_back((
                         end,
                         c.bytes,
@@ -190,7 +250,7 @@ pub fn replay(traces: &[Trace], cost: &dyn CommCost) -> Result<Vec<f64>, String>
                         }
                     }
                     if ready {
-                        let end = start + cost.seconds(c, c.group.len());
+                        let end = start + cost.seconds(r as u32, c, c.group.len());
                         for &m in &c.group {
                             release[m as usize] = end;
                             pc[m as usize] += 1;

@@ -16,7 +16,7 @@ use prism_emulate::workload::{Config, Model, mem};
 struct Fixed;
 
 impl CommCost for Fixed {
-    fn seconds(&self, c: &Call, _g: usize) -> f64 {
+    fn seconds(&self, _rank: u32, c: &Call, _g: usize) -> f64 {
         if c.op == Op::Send as i32 { 0.25 } else { 0.5 }
     }
 }
@@ -104,14 +104,14 @@ fn alpha_beta_prices_ring_algorithms() {
         bytes_per_s: 100.0,
     };
     let c = |op| call(0, op, &[0, 1, 2, 3], 0, 400, 0.0);
-    assert_eq!(ab.seconds(&c(Op::AllReduce), 4), 6.0 + 6.0);
-    assert_eq!(ab.seconds(&c(Op::ReduceScatter), 4), 3.0 + 3.0);
-    assert_eq!(ab.seconds(&c(Op::AllGather), 4), 3.0 + 12.0);
+    assert_eq!(ab.seconds(0, &c(Op::AllReduce), 4), 6.0 + 6.0);
+    assert_eq!(ab.seconds(0, &c(Op::ReduceScatter), 4), 3.0 + 3.0);
+    assert_eq!(ab.seconds(0, &c(Op::AllGather), 4), 3.0 + 12.0);
     assert_eq!(
-        ab.seconds(&call(0, Op::Send, &[], 1, 400, 0.0), 2),
+        ab.seconds(0, &call(0, Op::Send, &[], 1, 400, 0.0), 2),
         1.0 + 4.0
     );
-    assert_eq!(ab.seconds(&c(Op::AllReduce), 1), 0.0);
+    assert_eq!(ab.seconds(0, &c(Op::AllReduce), 1), 0.0);
 }
 
 fn worker() -> WorkerCommand {
@@ -213,4 +213,52 @@ fn a_hanging_worker_times_out() {
     let e = run_all_real(&opts, &AlphaBeta::default()).unwrap_err();
     assert!(e.contains("rank 0 still running after 0.3 s"), "{e}");
     let _ = std::fs::remove_dir_all(&opts.work_dir);
+}
+
+#[test]
+fn engine_cost_is_prism_cores_price() {
+    use prism_core::cost::comm::{Collective, CommParams, GroupShape, plan_collective, plan_p2p};
+    use prism_emulate::validate::EngineCost;
+    let cluster = prism_core::job::fixtures::h100_cluster(2);
+    let cost = EngineCost::new(&cluster);
+    let params = CommParams::for_gpu(&cluster.gpu);
+    // A TP all-reduce of 1 MiB inside node 0.
+    let ar = call(0, Op::AllReduce, &[0, 1], 0, 1 << 20, 0.0);
+    let want = plan_collective(
+        Collective::AllReduce,
+        1 << 20,
+        GroupShape {
+            ranks: 2,
+            nodes: 1,
+            per_node: 2,
+        },
+        &cluster,
+        &params,
+    )
+    .idle_seconds(&cluster, &params);
+    assert_eq!(cost.seconds(0, &ar, 2), want);
+    assert!(want > 0.0);
+    // A send from rank 3 (node 0) to rank 8 (node 1) crosses the NIC; to rank 4 it does not.
+    let far = call(0, Op::Send, &[], 8, 1 << 20, 0.0);
+    let near = call(0, Op::Send, &[], 4, 1 << 20, 0.0);
+    assert_eq!(
+        cost.seconds(3, &far, 2),
+        plan_p2p(1 << 20, false, &cluster, &params).idle_seconds(&cluster, &params)
+    );
+    assert!(cost.seconds(3, &far, 2) > cost.seconds(3, &near, 2));
+    // An all-gather is priced on its gathered size.
+    let ag = call(0, Op::AllGather, &[0, 1, 2, 3], 0, 1000, 0.0);
+    let want = plan_collective(
+        Collective::AllGather,
+        4000,
+        GroupShape {
+            ranks: 4,
+            nodes: 1,
+            per_node: 4,
+        },
+        &cluster,
+        &params,
+    )
+    .idle_seconds(&cluster, &params);
+    assert_eq!(cost.seconds(0, &ag, 4), want);
 }
