@@ -135,6 +135,9 @@ impl CommCost for EngineCost {
     }
 }
 
+/// A message in flight: (available at, bytes, sender's op index).
+type Message = (f64, u64, u64);
+
 /// The logical-clock replay of one iteration of every rank (`traces[r]` is rank `r`'s; see
 /// the module documentation): each rank's iteration time. Errors name the rank, op index and
 /// group of a call that cannot be matched (mismatched op or size, or a deadlock).
@@ -163,7 +166,7 @@ pub fn replay(traces: &[Trace], cost: &dyn CommCost) -> Result<Vec<f64>, String>
     let mut pc = vec![0usize; n];
     let mut release = vec![0.0f64; n];
     // Messages in flight per (src, dst): (available at, bytes, sender's op index).
-    let mut mail: BTreeMap<(u32, u32), VecDeque<(f64, u64, u64)>> = BTreeMap::new();
+    let mut mail: BTreeMap<(u32, u32), VecDeque<Message>> = BTreeMap::new();
     let at = |r: usize, i: usize| {
         let c = &traces[r].calls[i];
         format!(

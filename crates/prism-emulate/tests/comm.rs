@@ -112,9 +112,9 @@ fn tcp_collectives_match_closed_forms() {
             let base = if r < 2 { 0 } else { 2 };
             assert_eq!(sub[i], cs[base][i] + cs[base + 1][i]);
         }
-        for k in 0..chunk {
+        for (k, got) in rs.iter().enumerate() {
             let i = r * chunk + k;
-            assert_eq!(rs[k], ((cs[0][i] + cs[1][i]) + cs[2][i]) + cs[3][i]);
+            assert_eq!(*got, ((cs[0][i] + cs[1][i]) + cs[2][i]) + cs[3][i]);
         }
         for j in 0..world as usize {
             assert_eq!(&ag[j * n..(j + 1) * n], cs[j].as_slice());

@@ -226,7 +226,7 @@ impl Backend for TcpBackend {
             .iter()
             .position(|&r| r == self.rank)
             .ok_or_else(|| "the group does not hold this rank".to_string())?;
-        let chunk_in = if g > 0 { input.len() / g } else { 0 };
+        let chunk_in = input.len().checked_div(g).unwrap_or(0);
         // What this rank sends to member j, and how many bytes it receives from member j.
         let send_part = |j: usize| -> &[u8] {
             match op {
