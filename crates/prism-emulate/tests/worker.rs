@@ -23,6 +23,9 @@ fn args(s: &[&str]) -> Vec<String> {
     s.iter().map(|x| x.to_string()).collect()
 }
 
+/// Arguments, environment, and the expected error.
+type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+
 #[test]
 fn arguments_and_environment_are_checked_by_name() {
     let ok = [
@@ -33,7 +36,7 @@ fn arguments_and_environment_are_checked_by_name() {
     let a = parse(&args(&["--record", "x.trace", "--iters", "2"]), env(&ok)).unwrap();
     assert_eq!((a.rank, a.world, a.iters), (1, 8, 2));
     assert_eq!((a.config.tp, a.config.pp, a.config.dp), (2, 2, 2));
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             vec!["--record", "x"],
             vec![("PRISM_WORLD_SIZE", "8"), ("PRISM_LAYOUT", "2,2,2")],
