@@ -2,11 +2,11 @@
 //! per-rank iteration times and peak memory:
 //!
 //!     cargo build -p prism-emulate --bins --examples
-//!     target/debug/examples/all_real [--layout 2,2,2] [--iters 3] [--warmup 1] [--repeats 3]
+//!     target/debug/examples/all_real [--layout 2,2,2] [--iters 3] [--warmup 1] [--repeats 3] [--no-lock]
 //!
 //! Communication is priced by Prism's engine on one DGX H100 node
 //! (`prism_core::job::fixtures::h100_cluster`); the worker is `prism-gpt-worker` beside the
-//! examples directory.
+//! examples directory. Workers compute one at a time (a compute lock) unless `--no-lock`.
 
 use std::time::Duration;
 
@@ -51,6 +51,7 @@ fn main() {
         },
         timeout: Duration::from_secs(300),
         work_dir: std::env::temp_dir().join(format!("prism-all-real-{}", std::process::id())),
+        compute_lock: !args.iter().any(|a| a == "--no-lock"),
     };
     let cluster = prism_core::job::fixtures::h100_cluster(1);
     match run_all_real(&opts, &EngineCost::new(&cluster)) {

@@ -302,6 +302,9 @@ pub struct AllRealOptions {
     pub timeout: Duration,
     /// Where traces and worker output go (created).
     pub work_dir: PathBuf,
+    /// Serialise the workers' compute with a lock file in `work_dir`
+    /// ([`Communicator::set_compute_lock`](crate::comm::Communicator::set_compute_lock)).
+    pub compute_lock: bool,
 }
 
 /// One rank's all-real result.
@@ -398,8 +401,12 @@ fn launch(opts: &AllRealOptions, dir: &Path) -> Result<(), String> {
             .map_err(|e| format!("create output of rank {r}: {e}"))?;
         let err = std::fs::File::create(dir.join(format!("rank{r}.err")))
             .map_err(|e| format!("create output of rank {r}: {e}"))?;
-        let child = Command::new(&opts.worker.program)
-            .args(&opts.worker.args)
+        let mut cmd = Command::new(&opts.worker.program);
+        cmd.args(&opts.worker.args);
+        if opts.compute_lock {
+            cmd.arg("--compute-lock").arg(dir.join("compute.lock"));
+        }
+        let child = cmd
             .args(["--tcp", &addr, "--layout", &layout])
             .args(["--warmup", &opts.warmup.to_string()])
             .args(["--iters", &opts.iters.to_string()])
@@ -412,6 +419,7 @@ fn launch(opts: &AllRealOptions, dir: &Path) -> Result<(), String> {
             .env("PRISM_LAYOUT", &layout)
             .env_remove("PRISM_COORDINATOR")
             .env_remove("PRISM_TCP_ADDR")
+            .env_remove("PRISM_COMPUTE_LOCK")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -27,15 +27,18 @@ pub struct WorkerArgs {
     pub coordinator: Option<String>,
     /// Writes `rank{R}.iter{K}.trace` for each measured iteration `K` here.
     pub trace_dir: Option<PathBuf>,
+    /// Compute lock file (`--compute-lock` or `PRISM_COMPUTE_LOCK`), see
+    /// [`Communicator::set_compute_lock`].
+    pub compute_lock: Option<PathBuf>,
     pub timeout: Duration,
 }
 
 /// The usage text.
 pub const USAGE: &str =
     "usage: prism-gpt-worker [--record FILE | --tcp HOST:PORT] [--layout tp,pp,dp] \
-[--warmup N] [--iters N] [--trace-dir DIR] [--timeout-s S] [--hidden N] [--layers N] [--heads N] \
+[--warmup N] [--iters N] [--trace-dir DIR] [--compute-lock FILE] [--timeout-s S] [--hidden N] [--layers N] [--heads N] \
 [--ffn N] [--vocab N] [--seq N] [--micro-batches N] [--seed N]
-environment: PRISM_RANK, PRISM_WORLD_SIZE, PRISM_LAYOUT, PRISM_TCP_ADDR, PRISM_COORDINATOR";
+environment: PRISM_RANK, PRISM_WORLD_SIZE, PRISM_LAYOUT, PRISM_TCP_ADDR, PRISM_COORDINATOR, PRISM_COMPUTE_LOCK";
 
 /// Parses arguments (without the program name) and the environment (`env(key)`).
 pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<WorkerArgs, String> {
@@ -46,6 +49,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Wo
     let mut record = None;
     let mut tcp = env("PRISM_TCP_ADDR");
     let mut trace_dir = None;
+    let mut compute_lock = env("PRISM_COMPUTE_LOCK").map(PathBuf::from);
     let mut timeout_s = 120.0f64;
     let mut i = 0;
     while i < args.len() {
@@ -70,6 +74,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Wo
             }
             "--iters" => iters = num()? as u32,
             "--trace-dir" => trace_dir = Some(PathBuf::from(val)),
+            "--compute-lock" => compute_lock = Some(PathBuf::from(val)),
             "--timeout-s" => {
                 timeout_s = val
                     .parse::<f64>()
@@ -123,6 +128,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Wo
         tcp,
         coordinator,
         trace_dir,
+        compute_lock,
         timeout: Duration::from_secs_f64(timeout_s),
     })
 }
@@ -177,6 +183,9 @@ pub fn run(a: &WorkerArgs, mut out: impl FnMut(&IterReport)) -> Result<(), Strin
     } else {
         return Err("no backend".into());
     };
+    if let Some(p) = &a.compute_lock {
+        comm.set_compute_lock(p).map_err(|e| e.to_string())?;
+    }
     let mut model = Model::new(&a.config, a.rank as usize)?;
     comm.reset_compute_clock();
     let mut last = None;

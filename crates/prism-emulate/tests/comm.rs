@@ -449,3 +449,34 @@ fn emulated_disconnect_and_wrong_world_are_named() {
     .unwrap_err();
     assert!(e.contains("cannot connect to the coordinator"), "{e}");
 }
+
+#[test]
+fn compute_lock_keeps_ranks_from_computing_together() {
+    use std::sync::atomic::AtomicI32;
+    let dir = std::env::temp_dir().join(format!("prism-lock-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lock = dir.join("compute.lock");
+    let inside = AtomicI32::new(0);
+    let overlaps = AtomicI32::new(0);
+    std::thread::scope(|s| {
+        for r in 0..3u32 {
+            let (lock, inside, overlaps) = (&lock, &inside, &overlaps);
+            s.spawn(move || {
+                let mut c = Communicator::local(r, 3);
+                c.set_compute_lock(lock).unwrap();
+                for _ in 0..20 {
+                    // "Compute": nobody else may be inside.
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    std::thread::sleep(Duration::from_micros(300));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    c.barrier(&[r]).unwrap();
+                }
+                c.finish(0).unwrap();
+            });
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}

@@ -136,6 +136,7 @@ fn tiny_opts(layout: &str, name: &str) -> AllRealOptions {
         worker: worker(),
         timeout: Duration::from_secs(60),
         work_dir: work_dir(name),
+        compute_lock: true,
     }
 }
 

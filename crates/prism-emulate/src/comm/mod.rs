@@ -307,8 +307,11 @@ pub struct Communicator {
     trace_mark: f64,
     total_compute_s: f64,
     trace: Trace,
-    /// Program-wide call count (the emulated backend's `seq` never restarts).
+    /// Set once the session has ended.
     finished: bool,
+    /// The compute lock, held while this rank computes (see
+    /// [`Communicator::set_compute_lock`]).
+    gate: Option<std::fs::File>,
 }
 
 impl fmt::Debug for Communicator {
@@ -352,7 +355,31 @@ impl Communicator {
                 ..Trace::default()
             },
             finished: false,
+            gate: None,
         }
+    }
+
+    /// Serialises compute across processes: from now on this rank holds an exclusive lock on
+    /// the file `path` while it computes and releases it for the duration of each call, so
+    /// ranks sharing the file never compute at the same time. Measured CPU time then does not
+    /// depend on how many ranks share the cores (cache and SMT contention), which keeps an
+    /// all-real run of many ranks on two cores comparable with a hybrid run of one or two.
+    /// Waiting for the lock costs no CPU time, so it never counts as compute.
+    pub fn set_compute_lock(&mut self, path: &Path) -> Result<(), CommError> {
+        let rank = self.rank;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .and_then(|f| f.lock().map(|_| f))
+            .map_err(|e| CommError::Session {
+                rank,
+                message: format!("compute lock {}: {e}", path.display()),
+            })?;
+        self.gate = Some(f);
+        self.reset_compute_clock();
+        Ok(())
     }
 
     /// A communicator over the TCP mesh ([`tcp::TcpBackend::connect`]).
@@ -515,7 +542,14 @@ impl Communicator {
             return Err(err(format!("broadcast root {peer} is not in the group")));
         }
         self.total_compute_s += compute_s;
-        match self.backend.call(&spec, input, output) {
+        if let Some(g) = &self.gate {
+            g.unlock().map_err(|e| err(format!("compute lock: {e}")))?;
+        }
+        let res = self.backend.call(&spec, input, output);
+        if let Some(g) = &self.gate {
+            g.lock().map_err(|e| err(format!("compute lock: {e}")))?;
+        }
+        match res {
             Ok(()) => {}
             Err(BackendError::Msg(m)) => return Err(err(m)),
             Err(BackendError::Fault(f)) => {
@@ -640,6 +674,9 @@ impl Communicator {
             return Ok(trace);
         }
         self.finished = true;
+        if let Some(g) = self.gate.take() {
+            let _ = g.unlock();
+        }
         let tail = (now - self.last_release).max(0.0);
         self.total_compute_s += tail;
         self.last_release = now;
