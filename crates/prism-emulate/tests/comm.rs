@@ -480,3 +480,110 @@ fn compute_lock_keeps_ranks_from_computing_together() {
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(overlaps.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn synthesize_refuses_bad_lengths_instead_of_panicking() {
+    use prism_emulate::comm::reduce::synthesize;
+    use prism_emulate::protocol::DType;
+    let mut out = vec![0u8; 4];
+    let e = synthesize(
+        Op::ReduceScatter,
+        DType::F32,
+        ReduceOp::Sum,
+        2,
+        5,
+        &[0; 8],
+        &mut out,
+    );
+    assert!(e.unwrap_err().contains("group index 5 of 2"));
+    let e = synthesize(
+        Op::AllGather,
+        DType::F32,
+        ReduceOp::Sum,
+        2,
+        0,
+        &[0; 8],
+        &mut out,
+    );
+    assert!(e.is_err());
+    let e = synthesize(
+        Op::AllReduce,
+        DType::F32,
+        ReduceOp::Sum,
+        2,
+        0,
+        &[0; 6],
+        &mut [0; 6],
+    );
+    assert!(e.unwrap_err().contains("whole number"));
+    let mut ok = vec![0u8; 8];
+    synthesize(
+        Op::AllReduce,
+        DType::I32,
+        ReduceOp::Max,
+        3,
+        1,
+        &f32_bytes(&[1.0, 2.0]),
+        &mut ok,
+    )
+    .unwrap();
+    assert_eq!(ok, f32_bytes(&[1.0, 2.0]), "max of copies is the input");
+}
+
+#[test]
+fn from_env_picks_the_backend_and_names_missing_variables() {
+    let env = |pairs: Vec<(&'static str, String)>| {
+        move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    };
+    let e = Communicator::from_env_with(env(vec![("PRISM_RANK", "0".into())])).unwrap_err();
+    assert!(e.to_string().contains("PRISM_WORLD_SIZE is not set"), "{e}");
+    let e = Communicator::from_env_with(env(vec![
+        ("PRISM_RANK", "0".into()),
+        ("PRISM_WORLD_SIZE", "2".into()),
+    ]))
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("neither PRISM_COORDINATOR nor PRISM_TCP_ADDR"),
+        "{e}"
+    );
+    let e = Communicator::from_env_with(env(vec![
+        ("PRISM_RANK", "2".into()),
+        ("PRISM_WORLD_SIZE", "2".into()),
+    ]))
+    .unwrap_err();
+    assert!(e.to_string().contains("outside a world of 2"), "{e}");
+    // A world of one over TCP needs no peers.
+    let mut c = Communicator::from_env_with(env(vec![
+        ("PRISM_RANK", "0".into()),
+        ("PRISM_WORLD_SIZE", "1".into()),
+        ("PRISM_TCP_ADDR", format!("127.0.0.1:{}", free_port())),
+    ]))
+    .unwrap();
+    assert_eq!(c.backend_name(), "tcp");
+    let mut x = vec![3.0f32];
+    c.all_reduce(&[0], &mut x, ReduceOp::Sum).unwrap();
+    assert_eq!(x, vec![3.0]);
+    // The emulated backend wins when both are set.
+    let p = sock_path();
+    let h = mock(&p, 1, |c| {
+        Some(Body::Done(Done {
+            seq: c.seq,
+            emulated_end_s: 0.0,
+            data: Vec::new(),
+        }))
+    });
+    let mut c = Communicator::from_env_with(env(vec![
+        ("PRISM_RANK", "0".into()),
+        ("PRISM_WORLD_SIZE", "1".into()),
+        ("PRISM_TCP_ADDR", "127.0.0.1:1".into()),
+        ("PRISM_COORDINATOR", format!("unix:{}", p.display())),
+        ("PRISM_TIMEOUT_S", "5".into()),
+    ]))
+    .unwrap();
+    assert_eq!(c.backend_name(), "emulated");
+    c.barrier(&[0]).unwrap();
+    c.finish(0).unwrap();
+    h.join().unwrap();
+    let _ = std::fs::remove_file(&p);
+}

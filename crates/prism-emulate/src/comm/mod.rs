@@ -394,6 +394,60 @@ impl Communicator {
         Ok(Self::new(rank, world_size, Box::new(b)))
     }
 
+    /// The communicator of a launched rank, from its environment: `PRISM_RANK`,
+    /// `PRISM_WORLD_SIZE`, and `PRISM_COORDINATOR` (emulated) or else `PRISM_TCP_ADDR`
+    /// (all-real); `PRISM_TIMEOUT_S` (default 300) bounds every wait; `PRISM_COMPUTE_LOCK`, when
+    /// set, is the compute lock file ([`Communicator::set_compute_lock`]).
+    pub fn from_env() -> Result<Self, CommError> {
+        Self::from_env_with(|k| std::env::var(k).ok())
+    }
+
+    /// [`Communicator::from_env`] with another source of variables.
+    pub fn from_env_with(env: impl Fn(&str) -> Option<String>) -> Result<Self, CommError> {
+        let num = |k: &str| -> Result<u32, CommError> {
+            let v = env(k).ok_or_else(|| CommError::Session {
+                rank: 0,
+                message: format!("{k} is not set"),
+            })?;
+            v.parse().map_err(|_| CommError::Session {
+                rank: 0,
+                message: format!("{k}={v:?}: expected a non-negative integer"),
+            })
+        };
+        let rank = num("PRISM_RANK")?;
+        let world = num("PRISM_WORLD_SIZE")?;
+        let session = |message: String| CommError::Session { rank, message };
+        if rank >= world {
+            return Err(session(format!(
+                "PRISM_RANK={rank} outside a world of {world}"
+            )));
+        }
+        let timeout = match env("PRISM_TIMEOUT_S") {
+            None => 300.0,
+            Some(v) => v
+                .parse::<f64>()
+                .ok()
+                .filter(|t| t.is_finite() && *t > 0.0)
+                .ok_or_else(|| {
+                    session(format!("PRISM_TIMEOUT_S={v:?}: expected positive seconds"))
+                })?,
+        };
+        let timeout = std::time::Duration::from_secs_f64(timeout);
+        let mut c = if let Some(addr) = env("PRISM_COORDINATOR") {
+            Self::emulated(rank, world, &addr, timeout, timeout)?
+        } else if let Some(addr) = env("PRISM_TCP_ADDR") {
+            Self::tcp(rank, world, &addr, timeout)?
+        } else {
+            return Err(session(
+                "neither PRISM_COORDINATOR nor PRISM_TCP_ADDR is set".into(),
+            ));
+        };
+        if let Some(p) = env("PRISM_COMPUTE_LOCK") {
+            c.set_compute_lock(Path::new(&p))?;
+        }
+        Ok(c)
+    }
+
     /// A recording communicator ([`local::LocalBackend`]).
     pub fn local(rank: u32, world_size: u32) -> Self {
         Self::new(rank, world_size, Box::new(local::LocalBackend::new(rank)))

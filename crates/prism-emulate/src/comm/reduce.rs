@@ -120,6 +120,15 @@ pub fn synthesize(
     out: &mut [u8],
 ) -> Result<(), String> {
     let g = g.max(1);
+    let want = super::output_len(op, input.len(), g, dtype_size(dtype))?;
+    let want = if op == Op::Recv { out.len() } else { want };
+    if out.len() != want || me >= g {
+        return Err(format!(
+            "{op:?} of {} bytes at group index {me} of {g}: output of {} bytes, {want} expected",
+            input.len(),
+            out.len()
+        ));
+    }
     match op {
         Op::AllReduce => reduce(dtype, reduce_op, &vec![input; g], out),
         Op::ReduceScatter => {
