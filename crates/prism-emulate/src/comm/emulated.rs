@@ -47,7 +47,6 @@ impl Write for Conn {
 /// See the module documentation.
 #[derive(Debug)]
 pub struct EmulatedBackend {
-    rank: u32,
     conn: Conn,
     welcome: Welcome,
     last_end: Option<f64>,
@@ -105,7 +104,6 @@ impl EmulatedBackend {
         }
         .map_err(|e| format!("coordinator socket: {e}"))?;
         let mut b = EmulatedBackend {
-            rank,
             conn,
             welcome: Welcome::default(),
             last_end: None,
@@ -213,7 +211,6 @@ impl Backend for EmulatedBackend {
             }),
         )
         .map_err(|e| describe(e, self.timeout))?;
-        let _ = self.rank;
         Ok(())
     }
 

@@ -24,7 +24,6 @@ use super::{Backend, BackendError, CallSpec, Op, reduce};
 #[derive(Debug)]
 pub struct TcpBackend {
     rank: u32,
-    world: u32,
     /// `links[r]`: the connection to rank `r` (none to itself).
     links: Vec<Option<TcpStream>>,
 }
@@ -83,7 +82,7 @@ impl TcpBackend {
         let deadline = Instant::now() + timeout;
         let mut links: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         if world == 1 {
-            return Ok(TcpBackend { rank, world, links });
+            return Ok(TcpBackend { rank, links });
         }
         if rank == 0 {
             let l = TcpListener::bind(addr).map_err(|e| io_err(&format!("bind {addr}"), e))?;
@@ -146,7 +145,7 @@ impl TcpBackend {
                 .and_then(|_| s.set_nodelay(true))
                 .map_err(|e| io_err("socket", e))?;
         }
-        Ok(TcpBackend { rank, world, links })
+        Ok(TcpBackend { rank, links })
     }
 
     fn link(&self, peer: u32) -> Result<&TcpStream, String> {
@@ -328,7 +327,6 @@ impl Backend for TcpBackend {
         for s in self.links.iter().flatten() {
             let _ = s.shutdown(std::net::Shutdown::Write);
         }
-        let _ = self.world;
         Ok(())
     }
 }
