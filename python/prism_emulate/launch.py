@@ -59,10 +59,10 @@ def install(keep: bool = False) -> None:
     from . import torch_backend
 
     torch_backend.register()
-    rank = int(os.environ["PRISM_RANK"])
-    world = int(os.environ["PRISM_WORLD_SIZE"])
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("WORLD_SIZE", str(world))
+    prism_rank = int(os.environ["PRISM_RANK"])
+    prism_world = int(os.environ["PRISM_WORLD_SIZE"])
+    os.environ.setdefault("RANK", str(prism_rank))
+    os.environ.setdefault("WORLD_SIZE", str(prism_world))
     os.environ.setdefault("LOCAL_RANK", "0")
     orig_init = dist.init_process_group
     orig_new = dist.new_group
@@ -71,7 +71,7 @@ def install(keep: bool = False) -> None:
         kw.pop("pg_options", None)
         if store is None:
             store = dist.HashStore()
-        args = dict(backend=choose_backend(backend, keep), store=store, world_size=world, rank=rank)
+        args = dict(backend=choose_backend(backend, keep), store=store, world_size=prism_world, rank=prism_rank)
         if timeout is not None:
             args["timeout"] = timeout
         args.update(kw)
