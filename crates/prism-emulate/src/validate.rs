@@ -478,15 +478,6 @@ fn launch(opts: &AllRealOptions, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads `"key":value` of a worker's JSON line.
-fn field(line: &str, key: &str) -> Option<f64> {
-    let pat = format!("\"{key}\":");
-    let i = line.find(&pat)? + pat.len();
-    let rest = &line[i..];
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    rest[..end].trim().parse().ok()
-}
-
 /// Runs the reference workload all-real `repeats` times and returns per-rank results.
 pub fn run_all_real(opts: &AllRealOptions, cost: &dyn CommCost) -> Result<AllRealResult, String> {
     opts.config.validate()?;
@@ -506,9 +497,9 @@ pub fn run_all_real(opts: &AllRealOptions, cost: &dyn CommCost) -> Result<AllRea
             let path = dir.join(format!("rank{r}.out"));
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| format!("read {}: {e}", path.display()))?;
-            for line in text.lines().filter(|l| l.starts_with('{')) {
-                wall[r].push(field(line, "wall_s").unwrap_or(f64::NAN));
-                compute[r].push(field(line, "compute_s").unwrap_or(f64::NAN));
+            for rep in text.lines().filter_map(crate::worker::IterReport::parse) {
+                wall[r].push(rep.wall_s);
+                compute[r].push(rep.compute_s);
             }
         }
         for k in 0..opts.iters {

@@ -4,7 +4,9 @@
 //! Environment: `PRISM_RANK`, `PRISM_WORLD_SIZE`, `PRISM_LAYOUT` (`tp,pp,dp`), and the
 //! backend: `--record FILE` (recording, no peers), else `--tcp ADDR` or `PRISM_TCP_ADDR`
 //! (all-real mesh; rank 0 listens there), else `PRISM_COORDINATOR` (`unix:PATH` or
-//! `tcp:127.0.0.1:PORT`, emulated). Runs `--warmup` then `--iters` training steps and prints
+//! `tcp:127.0.0.1:PORT`, emulated). Runs `--warmup` then `--iters` training steps (emulated: the
+//! warm-up steps run on the recording backend before the worker connects, so the coordinator
+//! sees exactly the measured steps) and prints
 //! one JSON line per measured iteration on stdout:
 //! `{"rank":R,"iter":K,"wall_s":..,"compute_s":..,"peak_memory_bytes":..,"loss":..,"calls":..,"emulated_end_s":..|null}`.
 
@@ -173,6 +175,20 @@ impl IterReport {
 
 /// Runs the worker; calls `out` with each measured iteration's report.
 pub fn run(a: &WorkerArgs, mut out: impl FnMut(&IterReport)) -> Result<(), String> {
+    let emulated = a.record.is_none() && a.tcp.is_none();
+    let mut model = Model::new(&a.config, a.rank as usize)?;
+    // Emulated: warm up on the recording backend (the coordinator's copy rule, no traffic), so
+    // the coordinator's session holds exactly the measured iterations.
+    let mut first = 0;
+    if emulated {
+        let mut local = Communicator::local(a.rank, a.world);
+        for it in 0..a.warmup {
+            model
+                .train_step(&mut local, it as u64)
+                .map_err(|e| e.to_string())?;
+        }
+        first = a.warmup;
+    }
     let mut comm = if a.record.is_some() {
         Communicator::local(a.rank, a.world)
     } else if let Some(addr) = &a.tcp {
@@ -186,10 +202,9 @@ pub fn run(a: &WorkerArgs, mut out: impl FnMut(&IterReport)) -> Result<(), Strin
     if let Some(p) = &a.compute_lock {
         comm.set_compute_lock(p).map_err(|e| e.to_string())?;
     }
-    let mut model = Model::new(&a.config, a.rank as usize)?;
     comm.reset_compute_clock();
     let mut last = None;
-    for it in 0..a.warmup + a.iters {
+    for it in first..a.warmup + a.iters {
         mem::reset_peak();
         let t0 = Instant::now();
         let loss = model
@@ -224,4 +239,32 @@ pub fn run(a: &WorkerArgs, mut out: impl FnMut(&IterReport)) -> Result<(), Strin
         t.write_file(path)?;
     }
     Ok(())
+}
+
+impl IterReport {
+    /// Reads a line [`IterReport::json`] wrote (`None` for any other line).
+    pub fn parse(line: &str) -> Option<IterReport> {
+        let field = |key: &str| -> Option<&str> {
+            let pat = format!("\"{key}\":");
+            let i = line.find(&pat)? + pat.len();
+            let rest = &line[i..];
+            let end = rest.find([',', '}']).unwrap_or(rest.len());
+            Some(rest[..end].trim())
+        };
+        let end = field("emulated_end_s")?;
+        Some(IterReport {
+            rank: field("rank")?.parse().ok()?,
+            iter: field("iter")?.parse().ok()?,
+            wall_s: field("wall_s")?.parse().ok()?,
+            compute_s: field("compute_s")?.parse().ok()?,
+            peak_memory_bytes: field("peak_memory_bytes")?.parse().ok()?,
+            loss: field("loss")?.parse().ok()?,
+            calls: field("calls")?.parse().ok()?,
+            emulated_end_s: if end == "null" {
+                None
+            } else {
+                Some(end.parse().ok()?)
+            },
+        })
+    }
 }

@@ -215,7 +215,15 @@ fn emulated_worker_trains_like_the_recording_backend() {
             "{line}"
         );
     }
-    // 2 layers x 2 micro-batches x 4 all-reduces, 3 steps.
-    assert_eq!(calls, 3 * 2 * 2 * 4);
+    // 2 layers x 2 micro-batches x 4 all-reduces, 2 measured steps (the warm-up step ran on
+    // the recording backend).
+    assert_eq!(calls, 2 * 2 * 2 * 4);
+    for (k, line) in lines.iter().enumerate() {
+        let r = prism_emulate::worker::IterReport::parse(line).unwrap();
+        assert_eq!((r.rank, r.iter as usize, r.calls), (0, k, 16));
+        assert_eq!(r.loss, losses[k + 1]);
+        assert_eq!(r.emulated_end_s, Some(0.0));
+        assert_eq!(r.json(), *line);
+    }
     assert_eq!(peak, want_peak);
 }
