@@ -11,7 +11,8 @@
 //!
 //! Collectives are direct exchanges among the group (each member sends each other member what
 //! it needs; a helper thread writes while the caller reads, so large messages cannot deadlock
-//! on full socket buffers). Reductions run locally over the contributions in group-rank order,
+//! on full socket buffers; writes, like reads, give up after the time-out, so a peer that stops
+//! reading cannot hang the call). Reductions run locally over the contributions in group-rank order,
 //! so every member computes identical bits and runs repeat exactly.
 
 use std::io::{Read, Write};
@@ -142,6 +143,7 @@ impl TcpBackend {
         }
         for s in links.iter().flatten() {
             s.set_read_timeout(Some(timeout))
+                .and_then(|_| s.set_write_timeout(Some(timeout)))
                 .and_then(|_| s.set_nodelay(true))
                 .map_err(|e| io_err("socket", e))?;
         }
