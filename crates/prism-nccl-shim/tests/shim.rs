@@ -200,3 +200,38 @@ fn nccl_calls_reach_the_coordinator() {
     assert_eq!((calls[3].peer, calls[4].peer), (2, 3));
     assert_eq!(calls[5].group, vec![0, 2]);
 }
+
+/// The built `libnccl.so` (next to the test's `deps` directory), loaded by Python's ctypes:
+/// the real C ABI, including the 128-byte unique id passed by value.
+#[test]
+fn the_shared_library_works_through_ctypes() {
+    let py = std::process::Command::new("python3")
+        .arg("--version")
+        .output();
+    if !matches!(&py, Ok(o) if o.status.success()) {
+        eprintln!("python3 not found: the ctypes test of the NCCL shim did not run");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().parent().unwrap().join("libnccl.so");
+    assert!(lib.exists(), "{} was not built", lib.display());
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new("python3")
+        .args(["-m", "unittest", "-v", "tests.test_nccl_shim"])
+        .current_dir(repo.join("python"))
+        .env("PYTHONPATH", repo.join("python"))
+        .env("PRISM_NCCL_SHIM", &lib)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("test_c_abi_through_ctypes") && text.contains(" ok"),
+        "{text}"
+    );
+}
