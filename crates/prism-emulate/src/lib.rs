@@ -8,4 +8,8 @@
 //! ([`protocol`], specified in `docs/emulate.md`); slicing, the coordinator and the clients are
 //! to be built on it.
 
+pub mod comm;
 pub mod protocol;
+pub mod validate;
+pub mod worker;
+pub mod workload;
