@@ -323,13 +323,15 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
         let mut v = prism_io::report_json::summary_json(&result, job);
         if let Some(p) = &loaded.published {
             v["published"] = prism_io::report_json::published_json(p, &result.summary);
+            // The figures belong to the job as written; say so when --set changed it.
+            v["published"]["job_overridden"] = serde_json::json!(!args.sets.is_empty());
         }
         serde_json::to_writer_pretty(&mut out, &v)?;
         writeln!(out)?;
     } else {
         print_summary(&mut out, job, &result, &loaded.source, args)?;
         if let Some(p) = &loaded.published {
-            print_published(&mut out, p, &result.summary)?;
+            print_published(&mut out, p, &result.summary, !args.sets.is_empty())?;
         }
     }
     Ok(())
@@ -340,6 +342,7 @@ fn print_published(
     out: &mut impl Write,
     p: &prism_io::jobfile::Published,
     s: &prism_core::report::Summary,
+    overridden: bool,
 ) -> Result<()> {
     writeln!(out)?;
     writeln!(
@@ -350,6 +353,12 @@ fn print_published(
             .map(|x| format!(" ({x})"))
             .unwrap_or_default()
     )?;
+    if overridden {
+        writeln!(
+            out,
+            "    (published for the job as written: this run changed it with --set, so the errors below compare different setups)"
+        )?;
+    }
     for r in prism_io::report_json::published_rows(p, s) {
         // MFU is printed in percent.
         let (label, scale) = match r.key {

@@ -257,9 +257,32 @@ fn the_published_figure_is_reported_beside_the_prediction() {
     // With stragglers the run is slower: a smaller (less optimistic) error.
     assert!(t["error_expected_pct"].as_f64().unwrap() < err);
     assert_eq!(v["published"]["mfu"]["published"], 0.41);
+    assert_eq!(v["published"]["job_overridden"], false);
     let text = prism(&["simulate", "--reduced"]);
     assert!(
         stdout(&text).contains("TFLOP/s per GPU            400.0   Prism"),
+        "{}",
+        stdout(&text)
+    );
+    assert!(!stdout(&text).contains("changed it with --set"));
+    // A --set override makes it another setup: both outputs say so.
+    let o = prism(&[
+        "simulate",
+        "--reduced",
+        "--json",
+        "--set",
+        "parallel.order=tp-cp-ep-dp-pp",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["published"]["job_overridden"], true);
+    let text = prism(&[
+        "simulate",
+        "--reduced",
+        "--set",
+        "parallel.order=tp-cp-ep-dp-pp",
+    ]);
+    assert!(
+        stdout(&text).contains("changed it with --set"),
         "{}",
         stdout(&text)
     );

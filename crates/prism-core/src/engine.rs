@@ -1503,7 +1503,9 @@ impl<'a> Sim<'a> {
     }
 
     fn add_flow(&mut self, links: &[(LinkId, u32)], plan: CommPlan, owner: Owner) {
-        let f = self.net.add(self.now, links, plan.nic_bytes, 0);
+        let f = self
+            .net
+            .add(self.now, links, self.fabric.flow_bytes(plan.nic_bytes), 0);
         if self.owners.len() <= f as usize {
             self.owners.resize(f as usize + 1, None);
         }

@@ -160,6 +160,9 @@ pub struct Topology {
     pub pod_nodes: u32,
     /// Pod-to-aggregation oversubscription ratio (Meta: 1:7, so 7.0); 1.0 = non-blocking.
     pub pod_oversubscription: f64,
+    /// ECMP on the pod uplinks: flows each connection is split into, each hashed onto one
+    /// port (RoCE queue pairs; Meta's E-ECMP: 16). 0: traffic spread ideally (no collisions).
+    pub ecmp_flows: u32,
 }
 
 /// A cluster of identical nodes.
@@ -750,6 +753,18 @@ impl Job {
                 ),
             ));
         }
+        if c.topology.ecmp_flows > 0 && c.topology.pod_nodes == 0 {
+            return Err(JobError::new(
+                "cluster.ecmp_flows",
+                "needs cluster.pod_nodes: ECMP collisions are modelled on the pod uplinks",
+            ));
+        }
+        if c.topology.ecmp_flows > 256 {
+            return Err(JobError::new(
+                "cluster.ecmp_flows",
+                format!("must be at most 256 (got {})", c.topology.ecmp_flows),
+            ));
+        }
         for (key, v) in [
             ("cluster.oversubscription", c.topology.oversubscription),
             (
@@ -1144,6 +1159,7 @@ pub mod fixtures {
                 oversubscription: 1.0,
                 pod_nodes: 0,
                 pod_oversubscription: 1.0,
+                ecmp_flows: 0,
             },
         }
     }

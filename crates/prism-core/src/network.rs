@@ -6,8 +6,12 @@
 //! capacity. Above the spine, an optional aggregation tier joins *pods* of `pod_nodes` nodes
 //! (a three-tier Clos, as Meta's clusters: pods of 3,072 GPUs at full bisection joined at 1:7,
 //! Dubey et al. 2024 Sec. 3.3.1): each pod has one uplink and one downlink of
-//! `pod GPUs x NIC / pod_oversubscription`, crossed by every transfer between pods. NVLink
-//! inside a node is non-blocking and priced by the cost model, not here.
+//! `pod GPUs x NIC / pod_oversubscription`, crossed by every transfer between pods. With
+//! `ecmp_flows > 0` those are the pod's real ports instead (`pod GPUs / pod_oversubscription`
+//! of NIC rate each), and every connection's traffic is split into `ecmp_flows` flows (RoCE
+//! queue pairs; Meta's E-ECMP uses 16) each hashed onto one port, deterministically from
+//! (source, destination, flow): large flows that collide on a port share it. NVLink inside a
+//! node is non-blocking and priced by the cost model, not here.
 //!
 //! A *flow* is a unit of traffic with one rate that crosses a set of links, each `count` times:
 //! a point-to-point send crosses `nic_tx(src)`, maybe `up(leaf src)`/`down(leaf dst)`, and
@@ -45,6 +49,10 @@ pub struct Fabric {
     pod_links_bind: bool,
     /// First pod link id.
     pod_base: LinkId,
+    /// ECMP flows per connection (0: no hashing, one aggregated link per pod and direction).
+    ecmp: u32,
+    /// With ECMP: each pod's first port link and its port count.
+    pod_ports: Vec<(LinkId, u32)>,
     /// Capacity of every link, bytes per second.
     pub capacity: Vec<u64>,
 }
@@ -75,16 +83,28 @@ impl Fabric {
         };
         let pods = cluster.nodes.div_ceil(pod_nodes);
         let pod_base = capacity.len() as LinkId;
-        let pod_links_bind = pods > 1 && t.pod_oversubscription > 1.0;
+        // Aggregated pod links bind only when oversubscribed; hashed ports can collide at any
+        // ratio.
+        let ecmp = if pods > 1 { t.ecmp_flows } else { 0 };
+        let pod_links_bind = pods > 1 && (t.pod_oversubscription > 1.0 || ecmp > 0);
+        let mut pod_ports = Vec::new();
         if pod_links_bind {
             for p in 0..pods {
                 let nodes_in_pod = pod_nodes.min(cluster.nodes - p * pod_nodes) as f64;
-                let up = (nodes_in_pod * gpn as f64 * nic_bytes_per_s as f64
-                    / t.pod_oversubscription)
-                    .round()
-                    .max(1.0) as u64;
-                capacity.push(up);
-                capacity.push(up);
+                let trunk =
+                    nodes_in_pod * gpn as f64 * nic_bytes_per_s as f64 / t.pod_oversubscription;
+                if ecmp > 0 {
+                    let ports = (trunk / nic_bytes_per_s as f64).round().max(1.0) as u32;
+                    pod_ports.push((capacity.len() as LinkId, ports));
+                    for _ in 0..ports {
+                        capacity.push(nic_bytes_per_s);
+                        capacity.push(nic_bytes_per_s);
+                    }
+                } else {
+                    let up = trunk.round().max(1.0) as u64;
+                    capacity.push(up);
+                    capacity.push(up);
+                }
             }
         }
         Fabric {
@@ -92,6 +112,8 @@ impl Fabric {
             pod_nodes,
             pod_links_bind,
             pod_base,
+            ecmp,
+            pod_ports,
             gpus_per_node: gpn,
             rail_group_nodes: rg,
             nodes: cluster.nodes,
@@ -132,6 +154,27 @@ impl Fabric {
         self.pod_base + 2 * pod
     }
 
+    /// The flows one connection's traffic is split into: every link of a route is crossed
+    /// this many times (once per flow), and a transfer of `B` bytes is a flow of `B / split`
+    /// bytes at the per-flow rate ([`Fabric::flow_bytes`]). 1 without ECMP.
+    pub fn flow_split(&self) -> u32 {
+        self.ecmp.max(1)
+    }
+
+    /// Bytes of one of the [`Fabric::flow_split`] flows a transfer of `bytes` is split into.
+    pub fn flow_bytes(&self, bytes: u64) -> u64 {
+        bytes.div_ceil(self.flow_split() as u64)
+    }
+
+    /// ECMP: the port link (up, or down with `down`) of `pod` that flow `q` of the connection
+    /// `src -> dst` hashes to.
+    fn pod_port(&self, pod: u32, src: u32, dst: u32, q: u32, down: bool) -> LinkId {
+        let (base, ports) = self.pod_ports[pod as usize];
+        let key = (src as u64) << 32 | dst as u64;
+        let h = mix64(key ^ mix64(((q as u64) << 1 | down as u64) + 0x9e37_79b9_7f4a_7c15));
+        base + 2 * (h % ports as u64) as LinkId + down as LinkId
+    }
+
     /// What a link is, for symmetry checks: 0/1 NIC transmit/receive, 2/3 leaf up/down, 4/5
     /// pod up/down.
     pub fn link_type(&self, l: LinkId) -> usize {
@@ -153,18 +196,26 @@ impl Fabric {
     /// Appends the links a transfer from GPU `src` to GPU `dst` on different nodes crosses.
     pub fn route(&self, src: u32, dst: u32, out: &mut Vec<(LinkId, u32)>) {
         debug_assert!(!self.same_node(src, dst));
-        out.push((self.nic_tx(src), 1));
+        let k = self.flow_split();
+        out.push((self.nic_tx(src), k));
         let (ls, ld) = (self.leaf(src), self.leaf(dst));
         if ls != ld && self.leaf_links_bind {
-            out.push((self.leaf_up(ls), 1));
-            out.push((self.leaf_up(ld) + 1, 1));
+            out.push((self.leaf_up(ls), k));
+            out.push((self.leaf_up(ld) + 1, k));
         }
         let (ps, pd) = (self.pod(src), self.pod(dst));
         if ps != pd && self.pod_links_bind {
-            out.push((self.pod_up(ps), 1));
-            out.push((self.pod_up(pd) + 1, 1));
+            if self.ecmp > 0 {
+                for q in 0..self.ecmp {
+                    out.push((self.pod_port(ps, src, dst, q, false), 1));
+                    out.push((self.pod_port(pd, src, dst, q, true), 1));
+                }
+            } else {
+                out.push((self.pod_up(ps), 1));
+                out.push((self.pod_up(pd) + 1, 1));
+            }
         }
-        out.push((self.nic_rx(dst), 1));
+        out.push((self.nic_rx(dst), k));
     }
 
     /// Appends the links of a ring collective over `members` (ring order) that spans nodes:
@@ -203,9 +254,10 @@ impl Fabric {
             Some((_, c)) => *c += 1,
             None => v.push((k, 1)),
         };
+        let k = self.flow_split();
         for &m in members {
-            out.push((self.nic_tx(m), 1));
-            out.push((self.nic_rx(m), 1));
+            out.push((self.nic_tx(m), k));
+            out.push((self.nic_rx(m), k));
             count(&mut leaves, self.leaf(m));
             count(&mut pods, self.pod(m));
         }
@@ -215,21 +267,42 @@ impl Fabric {
         if leaves.len() > 1 && self.leaf_links_bind {
             for &(l, c) in &leaves {
                 if crossing(c) > 0 {
-                    out.push((self.leaf_up(l), crossing(c)));
-                    out.push((self.leaf_up(l) + 1, crossing(c)));
+                    out.push((self.leaf_up(l), k * crossing(c)));
+                    out.push((self.leaf_up(l) + 1, k * crossing(c)));
                 }
             }
         }
         if pods.len() > 1 && self.pod_links_bind {
             for &(p, c) in &pods {
-                if crossing(c) > 0 {
-                    out.push((self.pod_up(p), crossing(c)));
-                    out.push((self.pod_up(p) + 1, crossing(c)));
+                let units = crossing(c);
+                if units == 0 {
+                    continue;
+                }
+                if self.ecmp > 0 {
+                    // Many pairs' flows: spread round-robin over the pod's ports from a
+                    // hashed start (no pair dominates a port).
+                    let (base, ports) = self.pod_ports[p as usize];
+                    let start = mix64(members[0] as u64 ^ (p as u64) << 32) % ports as u64;
+                    for u in 0..(units * k) as u64 {
+                        let port = base + 2 * ((start + u) % ports as u64) as LinkId;
+                        out.push((port, 1));
+                        out.push((port + 1, 1));
+                    }
+                } else {
+                    out.push((self.pod_up(p), units));
+                    out.push((self.pod_up(p) + 1, units));
                 }
             }
         }
         normalize(out);
     }
+}
+
+/// A 64-bit mixing function (SplitMix64's finaliser): ECMP's deterministic hash.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Sorts link usages and merges duplicates by adding their counts.
@@ -720,6 +793,71 @@ mod tests {
         assert_eq!(
             fabric.capacity[up as usize],
             (16.0f64 * 1_000.0 / 7.0).round() as u64
+        );
+    }
+
+    /// ECMP on the pod ports. Two pods of one node at 1:1: 8 ports of NIC rate per pod. The
+    /// 8 GPUs of node 0 each send B bytes to their rail peer in the other pod.
+    /// Closed forms: a connection split into Q flows crosses its NICs Q times and exactly Q up
+    /// and Q down ports; with Q = 1 the flows through the most loaded port (load k, counted
+    /// from the routes) get NIC / k under max-min, so the last transfer ends at k B / NIC; more
+    /// flows per connection (E-ECMP) spread the load and end no later; nothing beats B / NIC.
+    #[test]
+    fn ecmp_collisions_follow_the_port_loads() {
+        let nic = 50_000_000_000u64;
+        let bytes = 64_000_000u64;
+        let mut last_end = Vec::new();
+        for q in [1u32, 16] {
+            let mut c = pod_cluster(2, 1, 1.0);
+            c.topology.ecmp_flows = q;
+            let fabric = Fabric::new(&c, nic);
+            assert_eq!(fabric.flow_split(), q);
+            let mut net = Network::new(fabric.capacity.clone());
+            let mut port_load: std::collections::BTreeMap<LinkId, u32> = Default::default();
+            for g in 0..8 {
+                let mut links = Vec::new();
+                fabric.route(g, 8 + g, &mut links);
+                let mut again = Vec::new();
+                fabric.route(g, 8 + g, &mut again);
+                assert_eq!(links, again, "hashing is deterministic");
+                let count = |t: usize| -> u32 {
+                    links
+                        .iter()
+                        .filter(|&&(l, _)| fabric.link_type(l) == t)
+                        .map(|&(_, c)| c)
+                        .sum()
+                };
+                assert_eq!((count(0), count(1), count(4), count(5)), (q, q, q, q));
+                for &(l, c) in &links {
+                    if fabric.link_type(l) >= 4 {
+                        *port_load.entry(l).or_default() += c;
+                    }
+                }
+                normalize(&mut links);
+                net.add(0, &links, fabric.flow_bytes(bytes), g as u64);
+            }
+            let ends = settle(&mut net, 0);
+            let end = ends.iter().map(|e| e.time).max().unwrap() as u128;
+            let alone = bytes as u128 * 1_000_000_000_000 / nic as u128;
+            if q == 1 {
+                let k = *port_load.values().max().unwrap() as u128;
+                // Integer rates (NIC / k rounded down) may end a picosecond late.
+                assert!(
+                    end.abs_diff(k * alone) <= 1,
+                    "plain ECMP: the most loaded port (load {k}) sets the end: {end} vs {}",
+                    k * alone
+                );
+                assert!(
+                    k > 1,
+                    "this hash happens to collide; a test of collisions needs one"
+                );
+            }
+            assert!(end + 1 >= alone);
+            last_end.push(end);
+        }
+        assert!(
+            last_end[1] <= last_end[0],
+            "E-ECMP ended later: {last_end:?}"
         );
     }
 }

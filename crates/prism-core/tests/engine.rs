@@ -1673,3 +1673,30 @@ fn pipeline_messages_follow_scatter_gather() {
         "whole-activation messages ran faster"
     );
 }
+
+/// ECMP hashing makes copies of a flow class cross different ports, so a reduced run is
+/// refused as asymmetric (never silently wrong) and `simulate_or_full` runs every rank; the
+/// full run is deterministic.
+#[test]
+fn ecmp_runs_every_rank_and_is_deterministic() {
+    let mut job = small_job(8, 2, 2, 64);
+    job.parallel.order = RankOrder::TpCpEpPpDp;
+    job.cluster.topology.rail_group_nodes = 1;
+    job.cluster.topology.pod_nodes = 1;
+    job.cluster.topology.pod_oversubscription = 2.0;
+    job.cluster.topology.ecmp_flows = 1;
+    let job = valid(job);
+    match simulate(&job, &with_mode(Mode::Reduced)) {
+        Err(prism_core::engine::SimError::Asymmetric(_)) => {}
+        Ok(r) => assert_eq!(
+            r.summary.iteration_time_s,
+            full(&job).summary.iteration_time_s
+        ),
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+    let a = prism_core::engine::simulate_or_full(&job, &with_mode(Mode::Reduced)).unwrap();
+    let b = full(&job);
+    assert_eq!(a.summary.iteration_time_s, b.summary.iteration_time_s);
+    assert_eq!(a.events, b.events);
+    assert!(b.summary.iteration_time_s > 0.0);
+}

@@ -242,6 +242,7 @@ const CLUSTER_FIELDS: &[Field] = &[
     fld("oversubscription", Ty::F64),
     fld("pod_nodes", Ty::U32),
     fld("pod_oversubscription", Ty::F64),
+    fld("ecmp_flows", Ty::U32),
 ];
 
 const PARALLEL_FIELDS: &[Field] = &[
@@ -2101,6 +2102,7 @@ fn build_cluster(
             oversubscription: g.f64("oversubscription")?.unwrap_or(1.0),
             pod_nodes: g.u32("pod_nodes")?.unwrap_or(0),
             pod_oversubscription: g.f64("pod_oversubscription")?.unwrap_or(1.0),
+            ecmp_flows: g.u32("ecmp_flows")?.unwrap_or(0),
         },
     };
     Ok((cluster, fields))

@@ -1586,6 +1586,23 @@ fn rank_order_and_pod_tier_keys() {
     );
     fails(
         SMALL,
+        &["cluster.ecmp_flows=16"],
+        "cluster.ecmp_flows",
+        &["needs cluster.pod_nodes"],
+    );
+    let c = ok(
+        SMALL,
+        &[
+            "cluster.rail_group_nodes=1",
+            "cluster.pod_nodes=2",
+            "cluster.ecmp_flows=16",
+        ],
+    )
+    .job
+    .cluster;
+    assert_eq!(c.topology.ecmp_flows, 16);
+    fails(
+        SMALL,
         &["cluster.pod_oversubscription=0.5"],
         "cluster.pod_oversubscription",
         &[">= 1"],

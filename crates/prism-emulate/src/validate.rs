@@ -1,0 +1,542 @@
+//! The all-real half of `prism emulate validate` (`docs/emulate.md`, "Validation"): N worker
+//! processes of the reference workload over the TCP mesh, and their per-rank iteration times
+//! and peak memory.
+//!
+//! Time accounting. The machine has two cores, so N = 8 processes cannot run side by side in
+//! real time, and their wall clocks measure the scheduler more than the program. Each rank
+//! therefore measures its compute as its own thread's CPU time between communication calls
+//! (`Call::compute_s`), and writes one trace per measured iteration (the recorded-trace format).
+//! The iteration time is then the *logical clock* of [`replay`]: every rank starts at 0 and
+//! advances by its measured compute; a collective starts when the last member arrives and ends
+//! for all members `cost` seconds later; a send takes `cost` seconds on the sender and its
+//! message is available to the receiver from then on; a receive ends at the later of its
+//! arrival and the message's availability. A rank's iteration time is its clock after its last
+//! compute; the job's is the largest. These are the engine's rules for collectives and sends
+//! (`prism_core::engine`), so the hybrid run, priced by the same [`CommCost`], differs from
+//! the all-real one only by what emulation changes.
+//!
+//! Peak memory is the workload's tensor ledger ([`crate::workload::mem`]), deterministic and
+//! backend-independent. Results are medians over measured iterations and repeats.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::comm::Trace;
+use crate::protocol::{Call, Op};
+use crate::workload::Config;
+
+/// Prices one communication call.
+pub trait CommCost: fmt::Debug + Sync {
+    /// Seconds `call` of rank `rank` takes, once every member has arrived (for a send: on the
+    /// wire), in a group of `group_size` ranks (2 for a send).
+    fn seconds(&self, rank: u32, call: &Call, group_size: usize) -> f64;
+}
+
+/// The alpha-beta model of ring algorithms: with `g` ranks and `n` bytes contributed, an
+/// all-reduce takes `2(g-1)` latencies plus `2(g-1)/g * n` bytes of bandwidth time, a
+/// reduce-scatter and an all-to-all `(g-1)` latencies and `(g-1)/g * n` bytes, an all-gather
+/// `(g-1)` latencies and `(g-1) * n` bytes, a broadcast `(g-1)` latencies and `n` bytes, a
+/// barrier `(g-1)` latencies, a send one latency and `n` bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AlphaBeta {
+    pub latency_s: f64,
+    pub bytes_per_s: f64,
+}
+
+impl Default for AlphaBeta {
+    /// 10 us and 25 GB/s: a slow intra-node link, so communication is visible next to the
+    /// small CPU workload.
+    fn default() -> Self {
+        AlphaBeta {
+            latency_s: 10e-6,
+            bytes_per_s: 25e9,
+        }
+    }
+}
+
+impl CommCost for AlphaBeta {
+    fn seconds(&self, _rank: u32, call: &Call, g: usize) -> f64 {
+        let n = call.bytes as f64;
+        let gf = g as f64;
+        let steps = (g.saturating_sub(1)) as f64;
+        let (lat, bytes) = match Op::try_from(call.op).unwrap_or(Op::Unspecified) {
+            Op::AllReduce => (2.0 * steps, 2.0 * steps / gf * n),
+            Op::ReduceScatter | Op::AllToAll => (steps, steps / gf * n),
+            Op::AllGather => (steps, steps * n),
+            Op::Broadcast => (steps, if g > 1 { n } else { 0.0 }),
+            Op::Barrier => (steps, 0.0),
+            Op::Send | Op::Recv => (1.0, n),
+            Op::Unspecified => (0.0, 0.0),
+        };
+        lat * self.latency_s + bytes / self.bytes_per_s
+    }
+}
+
+/// Prism's own prices (`prism_core::cost::comm`), as the engine charges a call on an idle
+/// network: collectives by [`plan_collective`](prism_core::cost::comm::plan_collective)
+/// (NCCL's algorithm and protocol choice; a broadcast priced as an all-gather of its bytes, a
+/// barrier as an all-reduce of nothing), sends by
+/// [`plan_p2p`](prism_core::cost::comm::plan_p2p) over NVLink inside a node and the NIC across.
+/// Rank `r` sits on node `r / gpus_per_node`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineCost {
+    pub cluster: prism_core::job::Cluster,
+    pub params: prism_core::cost::comm::CommParams,
+}
+
+impl EngineCost {
+    /// The prices of `cluster` with its GPU generation's calibrated parameters.
+    pub fn new(cluster: &prism_core::job::Cluster) -> Self {
+        EngineCost {
+            cluster: cluster.clone(),
+            params: prism_core::cost::comm::CommParams::for_gpu(&cluster.gpu),
+        }
+    }
+}
+
+impl CommCost for EngineCost {
+    fn seconds(&self, rank: u32, call: &Call, g: usize) -> f64 {
+        use prism_core::cost::comm::{Collective, GroupShape, plan_collective, plan_p2p};
+        let per = self.cluster.gpus_per_node.max(1);
+        let op = Op::try_from(call.op).unwrap_or(Op::Unspecified);
+        let plan = match op {
+            Op::Send | Op::Recv => plan_p2p(
+                call.bytes,
+                rank / per == call.peer / per,
+                &self.cluster,
+                &self.params,
+            ),
+            Op::Unspecified => return 0.0,
+            _ => {
+                let mut nodes: BTreeMap<u32, u32> = BTreeMap::new();
+                for &r in &call.group {
+                    *nodes.entry(r / per).or_insert(0) += 1;
+                }
+                let shape = GroupShape {
+                    ranks: g as u32,
+                    nodes: nodes.len() as u32,
+                    per_node: nodes.values().copied().max().unwrap_or(1),
+                };
+                let (c, bytes) = match op {
+                    Op::AllReduce => (Collective::AllReduce, call.bytes),
+                    Op::ReduceScatter => (Collective::ReduceScatter, call.bytes),
+                    Op::AllGather => (Collective::AllGather, call.bytes * g as u64),
+                    Op::AllToAll => (Collective::AllToAll, call.bytes),
+                    Op::Broadcast => (Collective::AllGather, call.bytes),
+                    _ => (Collective::AllReduce, 0),
+                };
+                plan_collective(c, bytes, shape, &self.cluster, &self.params)
+            }
+        };
+        plan.idle_seconds(&self.cluster, &self.params)
+    }
+}
+
+/// A message in flight: (available at, bytes, sender's op index).
+type Message = (f64, u64, u64);
+
+/// The logical-clock replay of one iteration of every rank (`traces[r]` is rank `r`'s; see
+/// the module documentation): each rank's iteration time. Errors name the rank, op index and
+/// group of a call that cannot be matched (mismatched op or size, or a deadlock).
+pub fn replay(traces: &[Trace], cost: &dyn CommCost) -> Result<Vec<f64>, String> {
+    let n = traces.len();
+    for (r, t) in traces.iter().enumerate() {
+        if t.rank as usize != r {
+            return Err(format!("trace {r} is rank {}'s", t.rank));
+        }
+    }
+    // Occurrence of each collective on its group, per rank.
+    let mut occ: Vec<Vec<u64>> = Vec::with_capacity(n);
+    for t in traces {
+        let mut seen: BTreeMap<&[u32], u64> = BTreeMap::new();
+        occ.push(
+            t.calls
+                .iter()
+                .map(|c| {
+                    let e = seen.entry(c.group.as_slice()).or_insert(0);
+                    *e += 1;
+                    *e - 1
+                })
+                .collect(),
+        );
+    }
+    let mut pc = vec![0usize; n];
+    let mut release = vec![0.0f64; n];
+    // Messages in flight per (src, dst): (available at, bytes, sender's op index).
+    let mut mail: BTreeMap<(u32, u32), VecDeque<Message>> = BTreeMap::new();
+    let at = |r: usize, i: usize| {
+        let c = &traces[r].calls[i];
+        format!(
+            "rank {r}, op {i} ({:?}, group {:?})",
+            Op::try_from(c.op).unwrap_or(Op::Unspecified),
+            c.group
+        )
+    };
+    loop {
+        let mut progress = false;
+        let mut done = true;
+        for r in 0..n {
+            let Some(c) = traces[r].calls.get(pc[r]) else {
+                continue;
+            };
+            done = false;
+            let arrive = release[r] + c.compute_s;
+            let op = Op::try_from(c.op).unwrap_or(Op::Unspecified);
+            match op {
+                Op::Send => {
+                    let end = arrive + cost.seconds(r as u32, c, 2);
+                    mail.entry((r as u32, c.peer)).or_default().push_back((
+                        end,
+                        c.bytes,
+                        pc[r] as u64,
+                    ));
+                    release[r] = end;
+                    pc[r] += 1;
+                    progress = true;
+                }
+                Op::Recv => {
+                    if c.peer as usize >= n {
+                        return Err(format!(
+                            "{}: peer {} outside the world",
+                            at(r, pc[r]),
+                            c.peer
+                        ));
+                    }
+                    if let Some((avail, bytes, sop)) = mail
+                        .get_mut(&(c.peer, r as u32))
+                        .and_then(|q| q.pop_front())
+                    {
+                        if bytes != c.bytes {
+                            return Err(format!(
+                                "{}: expects {} bytes, rank {} sent {bytes} (its op {sop})",
+                                at(r, pc[r]),
+                                c.bytes,
+                                c.peer
+                            ));
+                        }
+                        release[r] = arrive.max(avail);
+                        pc[r] += 1;
+                        progress = true;
+                    }
+                }
+                _ => {
+                    // Complete when every member's current call is this collective.
+                    let k = occ[r][pc[r]];
+                    let mut ready = true;
+                    let mut start = arrive;
+                    for &m in &c.group {
+                        let m = m as usize;
+                        if m >= n {
+                            return Err(format!("{}: member {m} outside the world", at(r, pc[r])));
+                        }
+                        match traces[m].calls.get(pc[m]) {
+                            Some(mc) if mc.group == c.group && occ[m][pc[m]] == k => {
+                                if mc.op != c.op || mc.bytes != c.bytes {
+                                    return Err(format!(
+                                        "{}: rank {m} calls {:?} of {} bytes there (its op {}), not {op:?} of {} bytes",
+                                        at(r, pc[r]),
+                                        Op::try_from(mc.op).unwrap_or(Op::Unspecified),
+                                        mc.bytes,
+                                        pc[m],
+                                        c.bytes
+                                    ));
+                                }
+                                start = start.max(release[m] + mc.compute_s);
+                            }
+                            _ => {
+                                ready = false;
+                                break;
+                            }
+                        }
+                    }
+                    if ready {
+                        let end = start + cost.seconds(r as u32, c, c.group.len());
+                        for &m in &c.group {
+                            release[m as usize] = end;
+                            pc[m as usize] += 1;
+                        }
+                        progress = true;
+                    }
+                }
+            }
+        }
+        if done {
+            break;
+        }
+        if !progress {
+            let r = (0..n).find(|&r| pc[r] < traces[r].calls.len()).unwrap_or(0);
+            return Err(format!(
+                "{}: never completes (its peers wait elsewhere or have ended)",
+                at(r, pc[r])
+            ));
+        }
+    }
+    Ok(traces
+        .iter()
+        .enumerate()
+        .map(|(r, t)| release[r] + t.tail_compute_s)
+        .collect())
+}
+
+/// How to start one worker: a program and the arguments before the worker's own (for example
+/// `prism-gpt-worker` and none, or `prism` and `emulate worker`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+/// What to run all-real.
+#[derive(Clone, Debug)]
+pub struct AllRealOptions {
+    /// Model and layout (`tp * pp * dp` processes).
+    pub config: Config,
+    pub warmup: u32,
+    pub iters: u32,
+    pub repeats: u32,
+    pub worker: WorkerCommand,
+    /// Bound on every wait of a worker and on a whole run.
+    pub timeout: Duration,
+    /// Where traces and worker output go (created).
+    pub work_dir: PathBuf,
+    /// Serialise the workers' compute with a lock file in `work_dir`
+    /// ([`Communicator::set_compute_lock`](crate::comm::Communicator::set_compute_lock)).
+    pub compute_lock: bool,
+}
+
+/// One rank's all-real result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankResult {
+    pub rank: u32,
+    /// Median logical-clock iteration time.
+    pub iteration_time_s: f64,
+    /// Every sample (repeat-major, then iteration).
+    pub iteration_times_s: Vec<f64>,
+    /// Median CPU seconds of compute per iteration.
+    pub compute_s: f64,
+    /// Median wall seconds per iteration (contended: for information only).
+    pub wall_s: f64,
+    /// Peak of the tensor ledger (the same in every iteration and repeat, else an error).
+    pub peak_memory_bytes: u64,
+}
+
+/// The all-real run's result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllRealResult {
+    pub ranks: Vec<RankResult>,
+    /// Median over samples of the job's iteration time (the slowest rank's).
+    pub iteration_time_s: f64,
+    /// The job's iteration time per sample.
+    pub samples_s: Vec<f64>,
+}
+
+/// The median (mean of the middle two for an even count); NaN for none.
+pub fn median(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let k = v.len();
+    if k % 2 == 1 {
+        v[k / 2]
+    } else {
+        0.5 * (v[k / 2 - 1] + v[k / 2])
+    }
+}
+
+/// `100 * |measured - reference| / reference`.
+pub fn error_pct(measured: f64, reference: f64) -> f64 {
+    100.0 * (measured - reference).abs() / reference.abs()
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("bind: {e}"))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| format!("bind: {e}"))
+}
+
+/// The worker arguments that fix `cfg`'s model (the layout goes by `PRISM_LAYOUT`).
+pub fn model_args(cfg: &Config) -> Vec<String> {
+    [
+        ("--hidden", cfg.hidden as u64),
+        ("--layers", cfg.layers as u64),
+        ("--heads", cfg.heads as u64),
+        ("--ffn", cfg.ffn as u64),
+        ("--vocab", cfg.vocab as u64),
+        ("--seq", cfg.seq as u64),
+        ("--micro-batches", cfg.micro_batches as u64),
+        ("--seed", cfg.seed),
+    ]
+    .iter()
+    .flat_map(|(k, v)| [k.to_string(), v.to_string()])
+    .collect()
+}
+
+/// Kills and reaps every child still running (only the children this module started).
+fn kill_all(children: &mut [(u32, Child)]) {
+    for (_, c) in children.iter_mut() {
+        if let Ok(None) = c.try_wait() {
+            let _ = c.kill();
+        }
+        let _ = c.wait();
+    }
+}
+
+/// Starts `world` workers over TCP writing into `dir` and waits for them; on any failure or
+/// time-out kills the others and names the rank with its error output.
+fn launch(opts: &AllRealOptions, dir: &Path) -> Result<(), String> {
+    let cfg = &opts.config;
+    let world = cfg.world();
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let addr = format!("127.0.0.1:{}", free_port()?);
+    let layout = format!("{},{},{}", cfg.tp, cfg.pp, cfg.dp);
+    let mut children: Vec<(u32, Child)> = Vec::new();
+    for r in 0..world as u32 {
+        let out = std::fs::File::create(dir.join(format!("rank{r}.out")))
+            .map_err(|e| format!("create output of rank {r}: {e}"))?;
+        let err = std::fs::File::create(dir.join(format!("rank{r}.err")))
+            .map_err(|e| format!("create output of rank {r}: {e}"))?;
+        let mut cmd = Command::new(&opts.worker.program);
+        cmd.args(&opts.worker.args);
+        if opts.compute_lock {
+            cmd.arg("--compute-lock").arg(dir.join("compute.lock"));
+        }
+        let child = cmd
+            .args(["--tcp", &addr, "--layout", &layout])
+            .args(["--warmup", &opts.warmup.to_string()])
+            .args(["--iters", &opts.iters.to_string()])
+            .args(["--timeout-s", &opts.timeout.as_secs_f64().to_string()])
+            .arg("--trace-dir")
+            .arg(dir)
+            .args(model_args(cfg))
+            .env("PRISM_RANK", r.to_string())
+            .env("PRISM_WORLD_SIZE", world.to_string())
+            .env("PRISM_LAYOUT", &layout)
+            .env_remove("PRISM_COORDINATOR")
+            .env_remove("PRISM_TCP_ADDR")
+            .env_remove("PRISM_COMPUTE_LOCK")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn();
+        match child {
+            Ok(c) => children.push((r, c)),
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(format!(
+                    "cannot start worker {} for rank {r}: {e}",
+                    opts.worker.program.display()
+                ));
+            }
+        }
+    }
+    let deadline = Instant::now() + opts.timeout;
+    let mut failed: Option<(u32, String)> = None;
+    loop {
+        let mut running = 0;
+        let mut first_running = None;
+        for (r, c) in children.iter_mut() {
+            match c.try_wait() {
+                Ok(Some(st)) if !st.success() => {
+                    failed.get_or_insert((*r, format!("exited with {st}")));
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    running += 1;
+                    first_running.get_or_insert(*r);
+                }
+                Err(e) => {
+                    failed.get_or_insert((*r, format!("cannot wait: {e}")));
+                }
+            }
+        }
+        if failed.is_some() || running == 0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            failed = Some((
+                first_running.unwrap_or(0),
+                format!("still running after {} s", opts.timeout.as_secs_f64()),
+            ));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kill_all(&mut children);
+    if let Some((r, why)) = failed {
+        let err = std::fs::read_to_string(dir.join(format!("rank{r}.err"))).unwrap_or_default();
+        return Err(format!(
+            "all-real run: rank {r} {why}: {}",
+            err.trim().lines().last().unwrap_or("(no error output)")
+        ));
+    }
+    Ok(())
+}
+
+/// Runs the reference workload all-real `repeats` times and returns per-rank results.
+pub fn run_all_real(opts: &AllRealOptions, cost: &dyn CommCost) -> Result<AllRealResult, String> {
+    opts.config.validate()?;
+    if opts.iters == 0 || opts.repeats == 0 {
+        return Err("iters and repeats must be positive".into());
+    }
+    let world = opts.config.world();
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); world];
+    let mut compute: Vec<Vec<f64>> = vec![Vec::new(); world];
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); world];
+    let mut peaks: Vec<Option<u64>> = vec![None; world];
+    let mut samples = Vec::new();
+    for rep in 0..opts.repeats {
+        let dir = opts.work_dir.join(format!("repeat{rep}"));
+        launch(opts, &dir)?;
+        for r in 0..world {
+            let path = dir.join(format!("rank{r}.out"));
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("read {}: {e}", path.display()))?;
+            for rep in text.lines().filter_map(crate::worker::IterReport::parse) {
+                wall[r].push(rep.wall_s);
+                compute[r].push(rep.compute_s);
+            }
+        }
+        for k in 0..opts.iters {
+            let traces = (0..world)
+                .map(|r| Trace::read_file(&dir.join(format!("rank{r}.iter{k}.trace"))))
+                .collect::<Result<Vec<_>, _>>()?;
+            let t =
+                replay(&traces, cost).map_err(|e| format!("repeat {rep}, iteration {k}: {e}"))?;
+            for (r, tr) in traces.iter().enumerate() {
+                match peaks[r] {
+                    None => peaks[r] = Some(tr.peak_memory_bytes),
+                    Some(p) if p != tr.peak_memory_bytes => {
+                        return Err(format!(
+                            "rank {r}: peak memory {} in repeat {rep}, iteration {k}, {p} before: the ledger should not vary",
+                            tr.peak_memory_bytes
+                        ));
+                    }
+                    Some(_) => {}
+                }
+                times[r].push(t[r]);
+            }
+            samples.push(t.iter().copied().fold(0.0, f64::max));
+        }
+    }
+    let ranks = (0..world)
+        .map(|r| RankResult {
+            rank: r as u32,
+            iteration_time_s: median(&times[r]),
+            iteration_times_s: times[r].clone(),
+            compute_s: median(&compute[r]),
+            wall_s: median(&wall[r]),
+            peak_memory_bytes: peaks[r].unwrap_or(0),
+        })
+        .collect();
+    Ok(AllRealResult {
+        ranks,
+        iteration_time_s: median(&samples),
+        samples_s: samples,
+    })
+}
