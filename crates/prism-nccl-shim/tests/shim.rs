@@ -213,8 +213,20 @@ fn the_shared_library_works_through_ctypes() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    let lib = exe.parent().unwrap().parent().unwrap().join("libnccl.so");
-    assert!(lib.exists(), "{} was not built", lib.display());
+    // `cargo build` puts the library next to `deps`; `cargo test` alone leaves it in `deps`.
+    let deps = exe.parent().unwrap();
+    let lib = [
+        deps.parent().unwrap().join("libnccl.so"),
+        deps.join("libnccl.so"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| {
+        panic!(
+            "libnccl.so was built neither in nor next to {}",
+            deps.display()
+        )
+    });
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = std::process::Command::new("python3")
         .args(["-m", "unittest", "-v", "tests.test_nccl_shim"])
