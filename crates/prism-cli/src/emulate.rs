@@ -58,7 +58,8 @@ struct RunArgs {
     /// as known (measures the coordinator itself).
     #[arg(long, default_value = "wall", value_parser = ["wall", "asap"])]
     clock: String,
-    /// Training iterations the graph holds (the per-iteration time divides by it).
+    /// Training iterations the real ranks run: the graph (one recorded iteration) is repeated
+    /// this many times (1: the graph is the whole session).
     #[arg(long, default_value_t = 1)]
     iterations: u32,
     /// Print one JSON object.
@@ -310,6 +311,7 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
             .map(|r| {
                 serde_json::json!({"rank": r.rank, "stage": r.stage, "calls": r.calls,
                     "emulated_end_s": r.emulated_end_s, "iteration_time_s": r.iteration_time_s,
+                    "iteration_ends_s": r.iteration_ends_s,
                     "compute_s": r.compute_s, "max_lag_s": r.max_lag_s, "mean_lag_s": r.mean_lag_s,
                     "peak_memory_bytes": r.peak_memory_bytes})
             })

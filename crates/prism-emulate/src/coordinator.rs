@@ -112,7 +112,8 @@ pub struct Setup {
     pub command: Vec<String>,
     /// Clock coupling.
     pub clock: Clock,
-    /// Training iterations the graph holds (the per-iteration time divides by it).
+    /// Training iterations the real ranks run: the graph (one iteration, as recorded) is
+    /// repeated this many times back to back (1: the graph is the whole session).
     pub iterations: u32,
 }
 
@@ -129,6 +130,9 @@ pub struct RankReport {
     pub emulated_end_s: f64,
     /// `emulated_end_s / iterations`.
     pub iteration_time_s: f64,
+    /// Emulated end of each iteration (the completion of its last call; the last iteration
+    /// ends with the rank's `Bye`), seconds.
+    pub iteration_ends_s: Vec<f64>,
     /// Compute it reported, seconds.
     pub compute_s: f64,
     /// Largest lag of a `Done` behind its wall-clock target, seconds.
@@ -360,7 +364,8 @@ impl Drop for Children {
 
 /// Runs the coordinator until every real rank said `Bye` (see the module docs).
 pub fn run(setup: &Setup) -> Result<Report, EmulateError> {
-    let g = &setup.graph;
+    let repeated = setup.graph.repeated(setup.iterations.max(1));
+    let g = &repeated;
     let n = g.layout.world_size().map_err(EmulateError::Setup)?;
     let mut real = setup.real_ranks.clone();
     real.sort_unstable();
@@ -688,6 +693,7 @@ fn session(
                 bye: None,
                 compute_s: 0.0,
                 answered: 0,
+                done_ps: Vec::new(),
             },
         );
     }
@@ -727,7 +733,17 @@ fn session(
             .or_else(|| res.ranks.iter().find(|t| t.rank / size == stage))
             .expect("an instance of the stage");
         let lag = *peers[&r].lag.lock().expect("lag");
+        // Iteration i ends with its last call (the last iteration with the Bye).
+        let per = setup.graph.classes[stage as usize].calls.len();
+        let n_iter = setup.iterations.max(1) as usize;
+        let iteration_ends_s: Vec<f64> = (0..n_iter)
+            .map(|i| match ((i + 1) * per).checked_sub(1) {
+                Some(k) if i + 1 < n_iter => st.done_ps.get(k).map_or(0.0, |&p| p as f64 * 1e-12),
+                _ => timing.finish_s,
+            })
+            .collect();
         ranks.push(RankReport {
+            iteration_ends_s,
             rank: r,
             stage,
             calls: st.answered,
@@ -833,6 +849,8 @@ struct RankState {
     bye: Option<Bye>,
     compute_s: f64,
     answered: u64,
+    /// Emulated completion of each answered call, ps.
+    done_ps: Vec<SimTime>,
 }
 
 /// The engine's hook: real ranks' compute in, completions out.
@@ -1017,6 +1035,7 @@ impl Hook {
         };
         let st = self.ranks.get_mut(&rank).expect("rank");
         st.answered += 1;
+        st.done_ps.push(end);
         let _ = st.out.send(Out {
             at,
             body: Body::Done(Done {

@@ -306,6 +306,27 @@ impl ClassCall {
 }
 
 impl SlicedGraph {
+    /// The graph of `n` back-to-back iterations of this one: every class's calls repeated `n`
+    /// times; the compute between two iterations (the tail of one and the compute before the
+    /// first call of the next) is one segment, as a rank that keeps running records it.
+    pub fn repeated(&self, n: u32) -> SlicedGraph {
+        let mut g = self.clone();
+        if n <= 1 {
+            return g;
+        }
+        for c in &mut g.classes {
+            let one = c.calls.clone();
+            for _ in 1..n {
+                let start = c.calls.len();
+                c.calls.extend(one.iter().cloned());
+                if let Some(first) = c.calls.get_mut(start) {
+                    first.compute_ps = first.compute_ps.saturating_add(c.tail_ps);
+                }
+            }
+        }
+        g
+    }
+
     /// Serialises to pretty JSON (deterministic: fields in declaration order).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a sliced graph serialises")

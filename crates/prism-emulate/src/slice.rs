@@ -350,6 +350,13 @@ pub fn instantiate(g: &SlicedGraph, rank: u32) -> Result<Vec<Call>, String> {
     if rank >= n {
         return Err(format!("rank {rank} is not in the {n}-rank layout"));
     }
+    if g.classes.len() != g.layout.pp as usize {
+        return Err(format!(
+            "{} classes for {} pipeline stages",
+            g.classes.len(),
+            g.layout.pp
+        ));
+    }
     let layout = g.layout.layout(1);
     let class = g.class_of(rank);
     let rep = class.rank;

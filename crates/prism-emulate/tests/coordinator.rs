@@ -501,3 +501,61 @@ fn launched_ranks_run_and_faulty_launches_are_named() {
         let _ = std::fs::remove_dir_all(sock(name).parent().unwrap());
     }
 }
+
+#[test]
+fn several_iterations_repeat_the_graph() {
+    let spec = SynthSpec::small(LAYOUT);
+    let g = sliced(&spec);
+    assert_eq!(g.repeated(1), g);
+    let g3 = g.repeated(3);
+    let per = g.classes[1].calls.len();
+    assert_eq!(g3.classes[1].calls.len(), 3 * per);
+    // Between iterations the tail and the next head are one segment.
+    assert_eq!(
+        g3.classes[1].calls[per].compute_ps,
+        g.classes[1].calls[0].compute_ps + g.classes[1].tail_ps
+    );
+    // A rank that runs two iterations: its calls continue the numbering, and its compute
+    // between the iterations covers the tail of the first and the head of the second.
+    let one = instantiate(&g, 6).unwrap();
+    let mut two = one.clone();
+    for (k, c) in one.iter().enumerate() {
+        let mut c = c.clone();
+        c.seq = (per + k) as u64;
+        if k == 0 {
+            c.compute_s += g.class_of(6).tail_ps as f64 * 1e-12;
+        }
+        two.push(c);
+    }
+    let mut s = setup(&g, &[6], "iterations", 5000);
+    s.iterations = 2;
+    let c = client(&s, 6, two, ReplayOptions::default());
+    let (rep, got) = run_with(&s, vec![c]);
+    let rep = rep.unwrap();
+    let offline = simulate_graph(
+        &g.repeated(2).graph(8).unwrap(),
+        &cluster(),
+        &GraphOptions {
+            record_ranks: vec![6],
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(rep.emulated_s, offline.iteration_ps as f64 * 1e-12);
+    assert_eq!(rep.emulated_iteration_s, rep.emulated_s / 2.0);
+    let r = &rep.ranks[0];
+    let got = got[0].as_ref().unwrap();
+    assert_eq!(got.done.len(), 2 * per);
+    // The first iteration ends with the Done of its last call; the second with the Bye.
+    assert_eq!(r.iteration_ends_s.len(), 2);
+    assert_eq!(r.iteration_ends_s[0], got.done[per - 1].emulated_end_s);
+    assert_eq!(r.iteration_ends_s[1], r.emulated_end_s);
+    let tl = offline.timelines.iter().find(|t| t.rank == 6).unwrap();
+    let last = tl
+        .ops
+        .iter()
+        .find(|o| o.op == 2 * (2 * per as u32))
+        .unwrap();
+    assert_eq!(r.emulated_end_s, last.end as f64 * 1e-12);
+}
