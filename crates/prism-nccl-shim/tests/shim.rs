@@ -213,20 +213,21 @@ fn the_shared_library_works_through_ctypes() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    // `cargo build` puts the library next to `deps`; `cargo test` alone leaves it in `deps`.
-    let deps = exe.parent().unwrap();
-    let lib = [
-        deps.parent().unwrap().join("libnccl.so"),
-        deps.join("libnccl.so"),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .unwrap_or_else(|| {
-        panic!(
-            "libnccl.so was built neither in nor next to {}",
-            deps.display()
-        )
-    });
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let mut lib = profile_dir.join("libnccl.so");
+    if !lib.exists() {
+        // `cargo test` links the test against the rlib and need not build the cdylib: build
+        // it here, in a target directory of its own (no lock shared with the running cargo).
+        let target = profile_dir.parent().unwrap().join("nccl-shim-test");
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "prism-nccl-shim", "--lib", "--target-dir"])
+            .arg(&target)
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the shim's cdylib failed");
+        lib = target.join("debug").join("libnccl.so");
+    }
+    assert!(lib.exists(), "{} was not built", lib.display());
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = std::process::Command::new("python3")
         .args(["-m", "unittest", "-v", "tests.test_nccl_shim"])
