@@ -30,6 +30,64 @@ enum EmulateCommand {
     /// Write synthetic recorded traces of a GPT-like tp/pp/dp step (for trying slicing and the
     /// coordinator without a workload).
     Synth(SynthArgs),
+    /// Run the reference workload all-real (every rank a process over TCP) and hybrid (the
+    /// real ranks against the coordinator, the others replayed), and compare iteration times
+    /// and peak memory.
+    Validate(ValidateArgs),
+    /// One rank of the reference workload (what `validate` launches; `prism-gpt-worker`'s
+    /// arguments and environment).
+    #[command(hide = true)]
+    Worker(WorkerCliArgs),
+}
+
+/// `prism emulate validate`.
+#[derive(Debug, clap::Args)]
+struct ValidateArgs {
+    /// Ranks of the job (must equal tp x pp x dp).
+    #[arg(long, default_value_t = 8)]
+    world: u32,
+    /// Layout `tp,pp,dp`.
+    #[arg(long, value_name = "TP,PP,DP", default_value = "2,2,2")]
+    layout: String,
+    /// Ranks that run for real in the hybrid run, e.g. `0` or `0,5`.
+    #[arg(long, value_name = "LIST", default_value = "0")]
+    real_ranks: String,
+    /// Warm-up steps before the measured ones (not measured).
+    #[arg(long, default_value_t = 2)]
+    warmup: u32,
+    /// Measured steps per run.
+    #[arg(long, default_value_t = 5)]
+    iters: u32,
+    /// Runs of each kind; medians are over every measured step of every run.
+    #[arg(long, default_value_t = 3)]
+    repeats: u32,
+    /// Cluster preset communication is priced on, in both runs.
+    #[arg(long, default_value = "dgx-h100")]
+    cluster: String,
+    /// Override a cluster key, e.g. `--set cluster.nvlink_gbps=800`.
+    #[arg(long = "set", value_name = "cluster.KEY=VALUE")]
+    sets: Vec<String>,
+    /// Bound of every wait, seconds.
+    #[arg(long, default_value_t = 300.0)]
+    timeout_s: f64,
+    /// Slice the virtual ranks from the all-real run's traces (its representatives' compute,
+    /// measured under the same CPU contention) instead of recording them alone: isolates the
+    /// emulation's own error from the machine's.
+    #[arg(long)]
+    slice_all_real: bool,
+    /// Keep the traces and worker outputs here (default: a temporary directory, removed).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `prism emulate worker ARGS...`.
+#[derive(Debug, clap::Args)]
+struct WorkerCliArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
 }
 
 /// Run the coordinator on a sliced graph.
@@ -120,6 +178,8 @@ pub fn run(args: &EmulateArgs) -> Result<()> {
     match &args.command {
         Some(EmulateCommand::Slice(a)) => run_slice(a),
         Some(EmulateCommand::Synth(a)) => run_synth(a),
+        Some(EmulateCommand::Validate(a)) => run_validate(a),
+        Some(EmulateCommand::Worker(a)) => run_worker(a),
         None => run_coordinator(&args.run),
     }
 }
@@ -304,6 +364,7 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
             Clock::Wall
         },
         iterations: a.iterations.max(1),
+        output_dir: None,
     };
     let rep = coordinator::run(&setup).map_err(|e| anyhow!("{e}"))?;
     if a.json {
@@ -358,3 +419,194 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
     }
     Ok(())
 }
+
+fn run_worker(a: &WorkerCliArgs) -> Result<()> {
+    let parsed = prism_emulate::worker::parse(&a.args, |k| std::env::var(k).ok())
+        .map_err(|e| anyhow!("prism emulate worker: {e}"))?;
+    prism_emulate::worker::run(&parsed, |r| println!("{}", r.json()))
+        .map_err(|e| anyhow!("prism emulate worker: rank {}: {e}", parsed.rank))
+}
+
+fn run_validate(a: &ValidateArgs) -> Result<()> {
+    use prism_emulate::validate::{
+        AllRealOptions, EngineCost, HybridOptions, WorkerCommand, compare, run_all_real, run_hybrid,
+    };
+    let config = prism_emulate::workload::Config::reference()
+        .with_layout(&a.layout)
+        .map_err(|e| anyhow!("--layout: {e}"))?;
+    if config.world() as u32 != a.world {
+        bail!(
+            "--world {} does not match --layout {} ({} ranks)",
+            a.world,
+            a.layout,
+            config.world()
+        );
+    }
+    let real = crate::parse_rank_list(&a.real_ranks, "--real-ranks", a.world)?;
+    if !(a.timeout_s.is_finite() && a.timeout_s > 0.0 && a.timeout_s <= 86_400.0) {
+        bail!("--timeout-s must be in (0, 86400]");
+    }
+    let cluster = resolve_cluster(&a.cluster, &a.sets, a.world)?;
+    let (work_dir, remove) = match &a.work_dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("prism-validate-{}", std::process::id())),
+            true,
+        ),
+    };
+    let worker = WorkerCommand {
+        program: std::env::current_exe().context("locating the prism binary")?,
+        args: vec!["emulate".into(), "worker".into()],
+    };
+    let common = AllRealOptions {
+        config,
+        warmup: a.warmup,
+        iters: a.iters,
+        repeats: a.repeats,
+        worker,
+        timeout: Duration::from_secs_f64(a.timeout_s),
+        work_dir: work_dir.join("all-real"),
+        compute_lock: false,
+    };
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_message(format!(
+        "all-real: {} processes over TCP, {} runs",
+        a.world, a.repeats
+    ));
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    let all_real = run_all_real(&common, &EngineCost::new(&cluster));
+    spinner.set_message(format!(
+        "hybrid: real ranks {:?} against the coordinator, {} runs",
+        real, a.repeats
+    ));
+    let hybrid = all_real.and_then(|ar| {
+        run_hybrid(&HybridOptions {
+            common: AllRealOptions {
+                work_dir: work_dir.join("hybrid"),
+                ..common.clone()
+            },
+            real_ranks: real.clone(),
+            cluster: cluster.clone(),
+            cluster_spec: ClusterSpec {
+                preset: a.cluster.clone(),
+                set: a.sets.clone(),
+            },
+            slice_all_real: a.slice_all_real.then(|| common.work_dir.clone()),
+        })
+        .map(|h| (ar, h))
+    });
+    spinner.finish_and_clear();
+    if remove {
+        let _ = std::fs::remove_dir_all(&work_dir);
+    }
+    let (all_real, hybrid) = hybrid.map_err(|e| anyhow!(e))?;
+    let v = compare(all_real, hybrid).map_err(|e| anyhow!(e))?;
+    if a.json {
+        let ranks: Vec<_> = v
+            .ranks
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "rank": r.rank,
+                    "all_real_iteration_time_s": r.all_real_iteration_time_s,
+                    "hybrid_iteration_time_s": r.hybrid_iteration_time_s,
+                    "iteration_time_error_pct": r.iteration_time_error_pct,
+                    "all_real_peak_memory_bytes": r.all_real_peak_memory_bytes,
+                    "hybrid_peak_memory_bytes": r.hybrid_peak_memory_bytes,
+                    "peak_memory_error_pct": r.peak_memory_error_pct,
+                })
+            })
+            .collect();
+        let all_ranks: Vec<_> = v
+            .all_real
+            .ranks
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "rank": r.rank, "iteration_time_s": r.iteration_time_s,
+                    "compute_s": r.compute_s, "wall_s": r.wall_s,
+                    "peak_memory_bytes": r.peak_memory_bytes,
+                })
+            })
+            .collect();
+        let hy_ranks: Vec<_> = v
+            .hybrid
+            .ranks
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "rank": r.rank, "iteration_time_s": r.iteration_time_s,
+                    "peak_memory_bytes": r.peak_memory_bytes, "max_lag_s": r.max_lag_s,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "world": a.world,
+            "layout": a.layout,
+            "real_ranks": real,
+            "cluster": cluster.name,
+            "warmup": a.warmup,
+            "iters": a.iters,
+            "repeats": a.repeats,
+            "slices_from": if a.slice_all_real { "all-real traces" } else { "recordings of one rank per stage, each alone" },
+            "time_accounting": TIME_ACCOUNTING,
+            "all_real": {
+                "iteration_time_s": v.all_real.iteration_time_s,
+                "samples_s": v.all_real.samples_s,
+                "ranks": all_ranks,
+            },
+            "hybrid": {
+                "iteration_time_s": v.hybrid.iteration_time_s,
+                "samples_s": v.hybrid.samples_s,
+                "recorded_ranks": v.hybrid.recorded_ranks,
+                "ranks": hy_ranks,
+            },
+            "ranks": ranks,
+            "iteration_time_error_pct": v.iteration_time_error_pct,
+            "peak_memory_error_pct": v.peak_memory_error_pct,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "Prism emulate validate: reference GPT step, {} ranks (tp,pp,dp {}), real ranks {:?}, \
+         priced on {}",
+        a.world, a.layout, real, cluster.name
+    );
+    println!(
+        "  {} warm-up + {} measured steps per run, {} runs of each kind; {}",
+        a.warmup, a.iters, a.repeats, TIME_ACCOUNTING
+    );
+    println!();
+    println!(
+        "  rank   all-real s   hybrid s   error %   all-real peak B   hybrid peak B   error %"
+    );
+    for r in &v.ranks {
+        println!(
+            "  {:>4}   {:>10.6}   {:>8.6}   {:>7.3}   {:>15}   {:>13}   {:>7.4}",
+            r.rank,
+            r.all_real_iteration_time_s,
+            r.hybrid_iteration_time_s,
+            r.iteration_time_error_pct,
+            r.all_real_peak_memory_bytes,
+            r.hybrid_peak_memory_bytes,
+            r.peak_memory_error_pct
+        );
+    }
+    println!();
+    println!(
+        "  job iteration: all-real {:.6} s, hybrid {:.6} s (emulated, every rank): error {:.3}%",
+        v.all_real.iteration_time_s, v.hybrid.iteration_time_s, v.iteration_time_error_pct
+    );
+    println!(
+        "  peak memory error (worst real rank): {:.4}%",
+        v.peak_memory_error_pct
+    );
+    Ok(())
+}
+
+/// How both runs account time on a machine with fewer cores than ranks.
+const TIME_ACCOUNTING: &str = "compute is each rank's own thread CPU time (so ranks sharing \
+cores are not slowed by each other); all-real iteration times replay each rank's measured \
+compute and its calls on a logical clock with communication priced by Prism's cost model on \
+the cluster, hybrid ones are the engine's emulated times for the same cluster";

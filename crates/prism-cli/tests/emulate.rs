@@ -122,3 +122,49 @@ fn synth_slice_and_a_coordinator_fault() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `prism emulate validate` end to end on the reference workload (tp 2, pp 2, dp 2): the JSON
+/// carries the contract fields, both iteration times are positive and finite, the error is
+/// computed from them, and the real rank's peak memory equals its all-real peak exactly (the
+/// workload's ledger does not depend on the backend). A layout that does not match the world
+/// is refused by flag.
+#[test]
+fn validate_runs_all_real_and_hybrid() {
+    let o = prism(&[
+        "emulate",
+        "validate",
+        "--world",
+        "8",
+        "--layout",
+        "2,2,2",
+        "--real-ranks",
+        "0,5",
+        "--warmup",
+        "1",
+        "--iters",
+        "1",
+        "--repeats",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let a = v["all_real"]["iteration_time_s"].as_f64().unwrap();
+    let h = v["hybrid"]["iteration_time_s"].as_f64().unwrap();
+    assert!(a.is_finite() && a > 0.0 && h.is_finite() && h > 0.0, "{v}");
+    let e = v["iteration_time_error_pct"].as_f64().unwrap();
+    assert!((e - 100.0 * (h - a).abs() / a).abs() < 1e-9);
+    assert_eq!(v["peak_memory_error_pct"].as_f64(), Some(0.0));
+    let ranks = v["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    for r in ranks {
+        assert!(r["hybrid_peak_memory_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(
+            r["hybrid_peak_memory_bytes"],
+            r["all_real_peak_memory_bytes"]
+        );
+    }
+    let bad = prism(&["emulate", "validate", "--world", "6", "--layout", "2,2,2"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--world 6 does not match"));
+}

@@ -115,6 +115,9 @@ pub struct Setup {
     /// Training iterations the real ranks run: the graph (one iteration, as recorded) is
     /// repeated this many times back to back (1: the graph is the whole session).
     pub iterations: u32,
+    /// Where launched ranks write their output (`rank{R}.out`, `rank{R}.err`); `None`: they
+    /// inherit the coordinator's.
+    pub output_dir: Option<PathBuf>,
 }
 
 /// What a real rank did.
@@ -391,17 +394,25 @@ pub fn run(setup: &Setup) -> Result<Report, EmulateError> {
     if !setup.command.is_empty() {
         for &r in &real {
             use std::os::unix::process::CommandExt;
-            let child = Command::new(&setup.command[0])
-                .args(&setup.command[1..])
+            let mut cmd = Command::new(&setup.command[0]);
+            cmd.args(&setup.command[1..])
                 .env("PRISM_RANK", r.to_string())
                 .env("PRISM_WORLD_SIZE", n.to_string())
                 .env("PRISM_COORDINATOR", &address)
                 .env("PRISM_LAYOUT", g.layout.to_arg())
-                .process_group(0)
-                .spawn()
-                .map_err(|e| {
-                    EmulateError::Setup(format!("cannot launch `{}`: {e}", setup.command[0]))
-                })?;
+                .process_group(0);
+            if let Some(dir) = &setup.output_dir {
+                let file = |ext: &str| {
+                    let path = dir.join(format!("rank{r}.{ext}"));
+                    std::fs::File::create(&path).map_err(|e| {
+                        EmulateError::Setup(format!("cannot create {}: {e}", path.display()))
+                    })
+                };
+                cmd.stdout(file("out")?).stderr(file("err")?);
+            }
+            let child = cmd.spawn().map_err(|e| {
+                EmulateError::Setup(format!("cannot launch `{}`: {e}", setup.command[0]))
+            })?;
             children.0.push((r, child));
         }
     }

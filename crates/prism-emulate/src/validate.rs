@@ -540,3 +540,283 @@ pub fn run_all_real(opts: &AllRealOptions, cost: &dyn CommCost) -> Result<AllRea
         samples_s: samples,
     })
 }
+
+// ---------------------------------------------------------------------------------------------
+// The hybrid half and the comparison (`prism emulate validate`)
+// ---------------------------------------------------------------------------------------------
+
+/// What to run hybrid: the reference workload with `real_ranks` running for real against the
+/// coordinator and every other rank replayed from a graph sliced from one recorded trace per
+/// pipeline stage.
+#[derive(Clone, Debug)]
+pub struct HybridOptions {
+    /// Model, layout, warm-up, measured iterations, repeats, worker, time-out and work
+    /// directory, shared with the all-real run (`compute_lock` is not used: a real rank's
+    /// compute is its own thread's CPU time either way).
+    pub common: AllRealOptions,
+    /// Ranks that run for real.
+    pub real_ranks: Vec<u32>,
+    /// The cluster communication is priced on (the same as the all-real run's [`EngineCost`]).
+    pub cluster: prism_core::job::Cluster,
+    /// How the sliced graph names that cluster (preset and overrides).
+    pub cluster_spec: crate::graph_file::ClusterSpec,
+    /// Slice the representatives' traces of the all-real run in this directory (its repeat of
+    /// the same number, its middle measured iteration) instead of recording them alone: the
+    /// virtual ranks then carry compute measured under the all-real run's CPU contention, and
+    /// the comparison isolates the emulation itself (slicing, engine, coordinator, the real
+    /// rank's live compute).
+    pub slice_all_real: Option<PathBuf>,
+}
+
+/// One real rank in the hybrid runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HybridRank {
+    pub rank: u32,
+    /// Median emulated iteration time (differences of its iteration ends).
+    pub iteration_time_s: f64,
+    pub iteration_times_s: Vec<f64>,
+    /// Peak of its tensor ledger (from its `Bye`).
+    pub peak_memory_bytes: u64,
+    /// Largest lag of a release behind its emulated time, over the repeats.
+    pub max_lag_s: f64,
+}
+
+/// The hybrid runs' result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HybridResult {
+    pub ranks: Vec<HybridRank>,
+    /// Median over repeats of the emulated job's iteration time (every rank, real and
+    /// virtual: the session's end over the iterations).
+    pub iteration_time_s: f64,
+    pub samples_s: Vec<f64>,
+    /// Ranks whose recorded traces were sliced (one per stage).
+    pub recorded_ranks: Vec<u32>,
+}
+
+/// The recorded representative of each stage: its last rank that is not real (every rank of
+/// a stage does the same work; a rank that runs for real is measured live anyway).
+fn representatives(cfg: &Config, real: &[u32]) -> Vec<u32> {
+    let per_stage = (cfg.tp * cfg.dp) as u32;
+    (0..cfg.pp as u32)
+        .map(|s| {
+            let first = s * per_stage;
+            (first..first + per_stage)
+                .rev()
+                .find(|r| !real.contains(r))
+                .unwrap_or(first + per_stage - 1)
+        })
+        .collect()
+}
+
+/// Records the representatives' traces into `dir` (one process at a time).
+fn record(opts: &AllRealOptions, reps: &[u32], dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let cfg = &opts.config;
+    let layout = format!("{},{},{}", cfg.tp, cfg.pp, cfg.dp);
+    std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let mut out = Vec::new();
+    for &r in reps {
+        let path = dir.join(format!("rank-{r}.trace"));
+        let mut cmd = Command::new(&opts.worker.program);
+        let output = cmd
+            .args(&opts.worker.args)
+            .arg("--record")
+            .arg(&path)
+            .args(["--layout", &layout])
+            .args(["--warmup", &opts.warmup.to_string()])
+            .args(["--iters", "1"])
+            .args(model_args(cfg))
+            .env("PRISM_RANK", r.to_string())
+            .env("PRISM_WORLD_SIZE", cfg.world().to_string())
+            .env("PRISM_LAYOUT", &layout)
+            .env_remove("PRISM_COORDINATOR")
+            .env_remove("PRISM_TCP_ADDR")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot start worker for rank {r}: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "recording rank {r} failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        out.push(path);
+    }
+    Ok(out)
+}
+
+/// Runs the hybrid half `opts.common.repeats` times: record one trace per stage, slice, then
+/// run the coordinator with the real ranks launched as workers against it.
+pub fn run_hybrid(opts: &HybridOptions) -> Result<HybridResult, String> {
+    use crate::coordinator::{Clock, Listen, Setup};
+    use crate::graph_file::LayoutSpec;
+    use crate::slice::{RankTrace, slice};
+    let c = &opts.common;
+    c.config.validate()?;
+    if c.iters == 0 || c.repeats == 0 {
+        return Err("iters and repeats must be positive".into());
+    }
+    let world = c.config.world() as u32;
+    if opts.real_ranks.is_empty() {
+        return Err("at least one real rank is needed".into());
+    }
+    if let Some(&r) = opts.real_ranks.iter().find(|&&r| r >= world) {
+        return Err(format!("real rank {r} is not in a world of {world} ranks"));
+    }
+    let reps = representatives(&c.config, &opts.real_ranks);
+    let layout = LayoutSpec {
+        tp: c.config.tp as u32,
+        pp: c.config.pp as u32,
+        dp: c.config.dp as u32,
+    };
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); opts.real_ranks.len()];
+    let mut peaks: Vec<Option<u64>> = vec![None; opts.real_ranks.len()];
+    let mut lags = vec![0.0f64; opts.real_ranks.len()];
+    let mut samples = Vec::new();
+    for rep in 0..c.repeats {
+        let dir = c.work_dir.join(format!("hybrid{rep}"));
+        let files = match &opts.slice_all_real {
+            None => record(c, &reps, &dir.join("traces"))?,
+            Some(all) => {
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("create {}: {e}", dir.display()))?;
+                reps.iter()
+                    .map(|r| {
+                        all.join(format!("repeat{rep}"))
+                            .join(format!("rank{r}.iter{}.trace", c.iters / 2))
+                    })
+                    .collect()
+            }
+        };
+        let traces = files
+            .iter()
+            .map(|p| RankTrace::read(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let graph = slice(&traces, layout.clone(), opts.cluster_spec.clone())?;
+        let mut command = vec![c.worker.program.display().to_string()];
+        command.extend(c.worker.args.iter().cloned());
+        command.extend([
+            "--warmup".to_string(),
+            c.warmup.to_string(),
+            "--iters".to_string(),
+            c.iters.to_string(),
+            "--timeout-s".to_string(),
+            c.timeout.as_secs_f64().to_string(),
+        ]);
+        command.extend(model_args(&c.config));
+        let setup = Setup {
+            graph,
+            cluster: opts.cluster.clone(),
+            real_ranks: opts.real_ranks.clone(),
+            listen: Listen::Unix(dir.join("coordinator.sock")),
+            timeout: c.timeout,
+            command,
+            clock: Clock::Wall,
+            iterations: c.iters,
+            output_dir: Some(dir.clone()),
+        };
+        let report = crate::coordinator::run(&setup).map_err(|e| format!("repeat {rep}: {e}"))?;
+        samples.push(report.emulated_iteration_s);
+        for (i, &r) in opts.real_ranks.iter().enumerate() {
+            let rr = report
+                .ranks
+                .iter()
+                .find(|x| x.rank == r)
+                .ok_or_else(|| format!("repeat {rep}: no report of real rank {r}"))?;
+            let mut prev = 0.0;
+            for &end in &rr.iteration_ends_s {
+                times[i].push(end - prev);
+                prev = end;
+            }
+            lags[i] = lags[i].max(rr.max_lag_s);
+            match peaks[i] {
+                None => peaks[i] = Some(rr.peak_memory_bytes),
+                Some(p) if p != rr.peak_memory_bytes => {
+                    return Err(format!(
+                        "real rank {r}: peak memory {} in repeat {rep}, {p} before",
+                        rr.peak_memory_bytes
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    let ranks = opts
+        .real_ranks
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| HybridRank {
+            rank: r,
+            iteration_time_s: median(&times[i]),
+            iteration_times_s: times[i].clone(),
+            peak_memory_bytes: peaks[i].unwrap_or(0),
+            max_lag_s: lags[i],
+        })
+        .collect();
+    Ok(HybridResult {
+        ranks,
+        iteration_time_s: median(&samples),
+        samples_s: samples,
+        recorded_ranks: reps,
+    })
+}
+
+/// One real rank compared: all-real vs hybrid.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankComparison {
+    pub rank: u32,
+    pub all_real_iteration_time_s: f64,
+    pub hybrid_iteration_time_s: f64,
+    pub iteration_time_error_pct: f64,
+    pub all_real_peak_memory_bytes: u64,
+    pub hybrid_peak_memory_bytes: u64,
+    pub peak_memory_error_pct: f64,
+}
+
+/// `prism emulate validate`'s result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Validation {
+    pub all_real: AllRealResult,
+    pub hybrid: HybridResult,
+    /// Per real rank.
+    pub ranks: Vec<RankComparison>,
+    /// The emulated job's iteration time against the all-real job's (medians).
+    pub iteration_time_error_pct: f64,
+    /// The largest peak-memory error of a real rank.
+    pub peak_memory_error_pct: f64,
+}
+
+/// Compares an all-real and a hybrid result.
+pub fn compare(all_real: AllRealResult, hybrid: HybridResult) -> Result<Validation, String> {
+    let mut ranks = Vec::new();
+    for h in &hybrid.ranks {
+        let a = all_real
+            .ranks
+            .iter()
+            .find(|a| a.rank == h.rank)
+            .ok_or_else(|| format!("rank {} has no all-real result", h.rank))?;
+        ranks.push(RankComparison {
+            rank: h.rank,
+            all_real_iteration_time_s: a.iteration_time_s,
+            hybrid_iteration_time_s: h.iteration_time_s,
+            iteration_time_error_pct: error_pct(h.iteration_time_s, a.iteration_time_s),
+            all_real_peak_memory_bytes: a.peak_memory_bytes,
+            hybrid_peak_memory_bytes: h.peak_memory_bytes,
+            peak_memory_error_pct: error_pct(
+                h.peak_memory_bytes as f64,
+                a.peak_memory_bytes as f64,
+            ),
+        });
+    }
+    let peak = ranks
+        .iter()
+        .map(|r| r.peak_memory_error_pct)
+        .fold(0.0, f64::max);
+    Ok(Validation {
+        iteration_time_error_pct: error_pct(hybrid.iteration_time_s, all_real.iteration_time_s),
+        peak_memory_error_pct: peak,
+        ranks,
+        all_real,
+        hybrid,
+    })
+}

@@ -55,6 +55,7 @@ fn setup(g: &SlicedGraph, real: &[u32], name: &str, timeout_ms: u64) -> Setup {
         command: vec![],
         clock: Clock::Asap,
         iterations: 1,
+        output_dir: None,
     }
 }
 
