@@ -1226,12 +1226,33 @@ fn reduce(dtype: DType, red: ReduceOp, contribs: &[&[u8]], n: usize) -> Result<V
                 "{len} bytes is not a whole number of {W}-byte elements"
             ));
         }
+        // Virtual members share one buffer (a copy of the lowest real member's): fold equal
+        // buffers into one term with a multiplicity, so a group of thousands costs as much as
+        // its real members (sums of f32 in f64 stay exact: k x v is what k additions give).
+        let mut distinct: Vec<(&[u8], u32)> = Vec::new();
+        for c in contribs {
+            match distinct
+                .iter_mut()
+                .find(|(d, _)| std::ptr::eq(d.as_ptr(), c.as_ptr()) && d.len() == c.len())
+            {
+                Some((_, k)) => *k += 1,
+                None => distinct.push((c, 1)),
+            }
+        }
         let mut out = Vec::with_capacity(len);
         for i in (0..len).step_by(W) {
             let x = |c: &[u8]| dec(c[i..i + W].try_into().expect("width"));
-            let mut acc = x(contribs[0]);
-            for c in &contribs[1..] {
+            let term = |c: &[u8], k: u32| {
                 let v = x(c);
+                match red {
+                    ReduceOp::Sum | ReduceOp::Avg => v * k as f64,
+                    ReduceOp::Max | ReduceOp::Min => v,
+                    ReduceOp::Product => v.powi(k as i32),
+                }
+            };
+            let mut acc = term(distinct[0].0, distinct[0].1);
+            for &(c, k) in &distinct[1..] {
+                let v = term(c, k);
                 acc = match red {
                     ReduceOp::Sum | ReduceOp::Avg => acc + v,
                     ReduceOp::Max => acc.max(v),
