@@ -75,6 +75,12 @@ struct ValidateArgs {
     /// emulation's own error from the machine's.
     #[arg(long)]
     slice_all_real: bool,
+    /// How ranks measure compute: `cpu`, each rank's thread CPU time; `work`, the reference
+    /// workload's counted floating-point operations at a nominal 1 GFLOP/s (deterministic:
+    /// the same steps read the same whatever shares the cores, so the comparison shows the
+    /// emulation's own error).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "work"])]
+    compute_clock: String,
     /// Keep the traces and worker outputs here (default: a temporary directory, removed).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -456,7 +462,12 @@ fn run_validate(a: &ValidateArgs) -> Result<()> {
     };
     let worker = WorkerCommand {
         program: std::env::current_exe().context("locating the prism binary")?,
-        args: vec!["emulate".into(), "worker".into()],
+        args: vec![
+            "emulate".into(),
+            "worker".into(),
+            "--compute-clock".into(),
+            a.compute_clock.clone(),
+        ],
     };
     let common = AllRealOptions {
         config,
@@ -549,6 +560,7 @@ fn run_validate(a: &ValidateArgs) -> Result<()> {
             "warmup": a.warmup,
             "iters": a.iters,
             "repeats": a.repeats,
+            "compute_clock": a.compute_clock,
             "slices_from": if a.slice_all_real { "all-real traces" } else { "recordings of one rank per stage, each alone" },
             "time_accounting": TIME_ACCOUNTING,
             "all_real": {

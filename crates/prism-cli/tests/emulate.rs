@@ -123,11 +123,13 @@ fn synth_slice_and_a_coordinator_fault() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// `prism emulate validate` end to end on the reference workload (tp 2, pp 2, dp 2): the JSON
-/// carries the contract fields, both iteration times are positive and finite, the error is
-/// computed from them, and the real rank's peak memory equals its all-real peak exactly (the
-/// workload's ledger does not depend on the backend). A layout that does not match the world
-/// is refused by flag.
+/// `prism emulate validate` end to end on the reference workload (tp 2, pp 2, dp 2), two real
+/// ranks in different stages: the JSON carries the contract fields, the error is computed from
+/// them, and the real ranks' peak memory equals their all-real peak exactly (the workload's
+/// ledger does not depend on the backend). With the deterministic work clock the two runs see
+/// the same compute, so the hybrid iteration (sliced recordings, engine, coordinator, live real
+/// ranks) must equal the all-real replay: the emulation's own error is zero. A layout that
+/// does not match the world is refused by flag.
 #[test]
 fn validate_runs_all_real_and_hybrid() {
     let o = prism(&[
@@ -142,9 +144,11 @@ fn validate_runs_all_real_and_hybrid() {
         "--warmup",
         "1",
         "--iters",
-        "1",
+        "2",
         "--repeats",
         "1",
+        "--compute-clock",
+        "work",
         "--json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -154,6 +158,10 @@ fn validate_runs_all_real_and_hybrid() {
     assert!(a.is_finite() && a > 0.0 && h.is_finite() && h > 0.0, "{v}");
     let e = v["iteration_time_error_pct"].as_f64().unwrap();
     assert!((e - 100.0 * (h - a).abs() / a).abs() < 1e-9);
+    assert!(
+        e < 1e-6,
+        "work clock: hybrid {h} s vs all-real {a} s ({e}%)"
+    );
     assert_eq!(v["peak_memory_error_pct"].as_f64(), Some(0.0));
     let ranks = v["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2);

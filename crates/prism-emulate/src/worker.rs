@@ -33,14 +33,18 @@ pub struct WorkerArgs {
     /// [`Communicator::set_compute_lock`].
     pub compute_lock: Option<PathBuf>,
     pub timeout: Duration,
+    /// Compute measured by the work clock (counted FLOPs at a nominal rate,
+    /// [`crate::workload::kernels::work_clock_s`]) instead of thread CPU time
+    /// (`--compute-clock work`, or `PRISM_COMPUTE_CLOCK=work`).
+    pub work_clock: bool,
 }
 
 /// The usage text.
 pub const USAGE: &str =
     "usage: prism-gpt-worker [--record FILE | --tcp HOST:PORT] [--layout tp,pp,dp] \
-[--warmup N] [--iters N] [--trace-dir DIR] [--compute-lock FILE] [--timeout-s S] [--hidden N] [--layers N] [--heads N] \
+[--warmup N] [--iters N] [--trace-dir DIR] [--compute-lock FILE] [--compute-clock cpu|work] [--timeout-s S] [--hidden N] [--layers N] [--heads N] \
 [--ffn N] [--vocab N] [--seq N] [--micro-batches N] [--seed N]
-environment: PRISM_RANK, PRISM_WORLD_SIZE, PRISM_LAYOUT, PRISM_TCP_ADDR, PRISM_COORDINATOR, PRISM_COMPUTE_LOCK";
+environment: PRISM_RANK, PRISM_WORLD_SIZE, PRISM_LAYOUT, PRISM_TCP_ADDR, PRISM_COORDINATOR, PRISM_COMPUTE_LOCK, PRISM_COMPUTE_CLOCK";
 
 /// Parses arguments (without the program name) and the environment (`env(key)`).
 pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<WorkerArgs, String> {
@@ -53,6 +57,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Wo
     let mut trace_dir = None;
     let mut compute_lock = env("PRISM_COMPUTE_LOCK").map(PathBuf::from);
     let mut timeout_s = 120.0f64;
+    let mut clock = env("PRISM_COMPUTE_CLOCK").unwrap_or_else(|| "cpu".into());
     let mut i = 0;
     while i < args.len() {
         let key = args[i].as_str();
@@ -77,6 +82,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Wo
             "--iters" => iters = num()? as u32,
             "--trace-dir" => trace_dir = Some(PathBuf::from(val)),
             "--compute-lock" => compute_lock = Some(PathBuf::from(val)),
+            "--compute-clock" => clock = val.clone(),
             "--timeout-s" => {
                 timeout_s = val
                     .parse::<f64>()
@@ -120,6 +126,11 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Wo
             "no backend: give --record FILE, --tcp ADDR (or PRISM_TCP_ADDR) or PRISM_COORDINATOR\n{USAGE}"
         ));
     }
+    let work_clock = match clock.as_str() {
+        "cpu" => false,
+        "work" => true,
+        other => return Err(format!("--compute-clock {other:?}: expected cpu or work")),
+    };
     Ok(WorkerArgs {
         rank,
         world,
@@ -132,6 +143,7 @@ pub fn parse(args: &[String], env: impl Fn(&str) -> Option<String>) -> Result<Wo
         trace_dir,
         compute_lock,
         timeout: Duration::from_secs_f64(timeout_s),
+        work_clock,
     })
 }
 
@@ -182,6 +194,9 @@ pub fn run(a: &WorkerArgs, mut out: impl FnMut(&IterReport)) -> Result<(), Strin
     let mut first = 0;
     if emulated {
         let mut local = Communicator::local(a.rank, a.world);
+        if a.work_clock {
+            local.set_clock(Box::new(crate::workload::kernels::work_clock_s));
+        }
         for it in 0..a.warmup {
             model
                 .train_step(&mut local, it as u64)
@@ -201,6 +216,9 @@ pub fn run(a: &WorkerArgs, mut out: impl FnMut(&IterReport)) -> Result<(), Strin
     };
     if let Some(p) = &a.compute_lock {
         comm.set_compute_lock(p).map_err(|e| e.to_string())?;
+    }
+    if a.work_clock {
+        comm.set_clock(Box::new(crate::workload::kernels::work_clock_s));
     }
     comm.reset_compute_clock();
     let mut last = None;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use prism_emulate::comm::{Communicator, Trace};
 use prism_emulate::protocol::{Call, DType, Op, ReduceOp};
 use prism_emulate::validate::{
-    AllRealOptions, AlphaBeta, CommCost, WorkerCommand, median, replay, run_all_real,
+    AllRealOptions, AlphaBeta, CommCost, WorkerCommand, chain, median, replay, run_all_real,
 };
 use prism_emulate::workload::{Config, Model, mem};
 
@@ -262,4 +262,27 @@ fn engine_cost_is_prism_cores_price() {
     )
     .idle_seconds(&cluster, &params);
     assert_eq!(cost.seconds(0, &ag, 4), want);
+}
+
+/// Truth: iterations chained back to back. Two ranks all-reduce once per iteration; rank 0
+/// computes 1 s before the call and 2 s after it (its tail), rank 1 3 s and 0 s, the call costs
+/// 0.5 s. Per iteration the call ends at max(1, 3) + 0.5 = 3.5 s; rank 0 then ends at 5.5 s.
+/// Chained, rank 0's tail joins its next segment (2 + 1 = 3 s), so the second call ends at
+/// max(3.5 + 3, 3.5 + 3) + 0.5 = 7 s and rank 0 ends at 9 s (not 2 x 5.5 = 11 s: its tail
+/// overlaps rank 1's next compute). Seqs count on; the last tail stays the tail.
+#[test]
+fn chained_iterations_follow_the_clock_rules() {
+    let it = |r: u32, before: f64, tail: f64| {
+        trace(r, vec![call(0, Op::AllReduce, &[0, 1], 0, 8, before)], tail)
+    };
+    let r0 = chain(&[it(0, 1.0, 2.0), it(0, 1.0, 2.0)]);
+    let r1 = chain(&[it(1, 3.0, 0.0), it(1, 3.0, 0.0)]);
+    assert_eq!(r0.calls.len(), 2);
+    assert_eq!((r0.calls[0].seq, r0.calls[1].seq), (0, 1));
+    assert_eq!((r0.calls[1].compute_s, r0.tail_compute_s), (3.0, 2.0));
+    let ends = replay(&[r0, r1], &Fixed).unwrap();
+    assert_eq!(ends, vec![9.0, 7.0]);
+    let single = replay(&[it(0, 1.0, 2.0), it(1, 3.0, 0.0)], &Fixed).unwrap();
+    assert_eq!(single, vec![5.5, 3.5]);
+    assert_eq!(chain(&[it(0, 1.0, 2.0)]), it(0, 1.0, 2.0));
 }

@@ -494,6 +494,13 @@ impl Communicator {
         self.backend.emulated_time()
     }
 
+    /// Measures compute with `clock` from now on (the compute since the last release is
+    /// forgotten, as by [`Communicator::reset_compute_clock`]).
+    pub fn set_clock(&mut self, clock: ClockFn) {
+        self.clock = clock;
+        self.reset_compute_clock();
+    }
+
     /// Forgets the compute since the last release (e.g. the model's set-up before the first
     /// step), for the backend and the trace alike.
     pub fn reset_compute_clock(&mut self) {

@@ -1,9 +1,31 @@
 //! Dense kernels on row-major `f32` slices (plain loops, fixed summation order).
 
+use std::cell::Cell;
+
 use super::mem::Buf;
+
+thread_local! {
+    /// Floating-point operations the kernels of this thread have done.
+    static WORK_FLOP: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// The nominal rate of the work clock, FLOP/s.
+pub const WORK_FLOP_PER_S: f64 = 1e9;
+
+fn count(flop: usize) {
+    WORK_FLOP.with(|w| w.set(w.get() + flop as f64));
+}
+
+/// The work clock: floating-point operations this thread's kernels have done, at
+/// [`WORK_FLOP_PER_S`], in seconds. A deterministic stand-in for CPU time: the same steps give
+/// the same reading whatever else shares the cores (`--compute-clock work`).
+pub fn work_clock_s() -> f64 {
+    WORK_FLOP.with(|w| w.get()) / WORK_FLOP_PER_S
+}
 
 /// `a [n, k] @ b [k, m]` into a new `[n, m]`.
 pub fn matmul(a: &[f32], b: &[f32], n: usize, k: usize, m: usize) -> Buf {
+    count(2 * n * k * m);
     let mut out = Buf::zeros(n * m);
     for i in 0..n {
         let o = &mut out[i * m..(i + 1) * m];
@@ -20,6 +42,7 @@ pub fn matmul(a: &[f32], b: &[f32], n: usize, k: usize, m: usize) -> Buf {
 
 /// `g [n, m] @ w[k, m]^T` into a new `[n, k]` (the input gradient of `x @ w`).
 pub fn matmul_nt(g: &[f32], w: &[f32], n: usize, m: usize, k: usize) -> Buf {
+    count(2 * n * k * m);
     let mut out = Buf::zeros(n * k);
     for i in 0..n {
         let gi = &g[i * m..(i + 1) * m];
@@ -37,6 +60,7 @@ pub fn matmul_nt(g: &[f32], w: &[f32], n: usize, m: usize, k: usize) -> Buf {
 
 /// `acc [k, m] += x[n, k]^T @ g[n, m]` (the weight gradient of `x @ w`).
 pub fn matmul_tn_acc(acc: &mut [f32], x: &[f32], g: &[f32], n: usize, k: usize, m: usize) {
+    count(2 * n * k * m);
     for i in 0..n {
         let gi = &g[i * m..(i + 1) * m];
         for p in 0..k {
@@ -51,6 +75,7 @@ pub fn matmul_tn_acc(acc: &mut [f32], x: &[f32], g: &[f32], n: usize, k: usize, 
 
 /// Layer norm over rows of `[n, h]`: returns (output, per-row mean, per-row 1/std).
 pub fn layer_norm(x: &[f32], gamma: &[f32], beta: &[f32], n: usize, h: usize) -> (Buf, Buf, Buf) {
+    count(8 * n * h);
     let mut y = Buf::zeros(n * h);
     let mut mean = Buf::zeros(n);
     let mut rstd = Buf::zeros(n);
@@ -81,6 +106,7 @@ pub fn layer_norm_back(
     n: usize,
     h: usize,
 ) -> Buf {
+    count(12 * n * h);
     let mut dx = Buf::zeros(n * h);
     for i in 0..n {
         let (mu, rs) = (mean[i], rstd[i]);
@@ -108,6 +134,7 @@ const GELU_C: f32 = 0.797_884_6; // sqrt(2 / pi)
 
 /// GELU (tanh approximation).
 pub fn gelu(u: &[f32]) -> Buf {
+    count(10 * u.len());
     Buf::from_vec(
         u.iter()
             .map(|&x| 0.5 * x * (1.0 + (GELU_C * (x + 0.044715 * x * x * x)).tanh()))
@@ -117,6 +144,7 @@ pub fn gelu(u: &[f32]) -> Buf {
 
 /// `dy * gelu'(u)`.
 pub fn gelu_back(dy: &[f32], u: &[f32]) -> Buf {
+    count(14 * u.len());
     Buf::from_vec(
         u.iter()
             .zip(dy)
