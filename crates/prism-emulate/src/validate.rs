@@ -741,7 +741,7 @@ pub fn run_hybrid(opts: &HybridOptions) -> Result<HybridResult, String> {
             .iter()
             .map(|p| RankTrace::read(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let graph = slice(&traces, layout.clone(), opts.cluster_spec.clone())?;
+        let graph = slice(&traces, layout, opts.cluster_spec.clone())?;
         let mut command = vec![c.worker.program.display().to_string()];
         command.extend(c.worker.args.iter().cloned());
         command.extend([
