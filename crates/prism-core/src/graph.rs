@@ -190,7 +190,9 @@ impl Program {
         &self.deps[self.dep_off[op as usize] as usize..self.dep_off[op as usize + 1] as usize]
     }
 
-    fn push(&mut self, kind: OpKind, stream: Stream, tag: OpTag, deps: &[u32]) -> u32 {
+    /// Appends an op on `stream` after `deps` (only cross-stream dependencies are kept: a
+    /// stream runs its ops in order).
+    pub(crate) fn push(&mut self, kind: OpKind, stream: Stream, tag: OpTag, deps: &[u32]) -> u32 {
         let id = self.kind.len() as u32;
         if self.dep_off.is_empty() {
             self.dep_off.push(0);

@@ -159,7 +159,7 @@ fn program_of(layout: &Layout, t: &RecordedRank) -> Result<(Program, Vec<(i8, u6
     let mut recvs: Vec<(i8, u64)> = Vec::new();
     let push = |prog: &mut Program, kind: OpKind, stream: Stream, prev: &mut Option<u32>| {
         let deps: Vec<u32> = prev.iter().copied().collect();
-        *prev = Some(push_op(prog, kind, stream, tag, &deps));
+        *prev = Some(prog.push(kind, stream, tag, &deps));
     };
     for (k, c) in t.calls.iter().enumerate() {
         push(
@@ -184,29 +184,6 @@ fn program_of(layout: &Layout, t: &RecordedRank) -> Result<(Program, Vec<(i8, u6
     );
     prog.recv_slots = recvs.len() as u32;
     Ok((prog, recvs))
-}
-
-fn push_op(prog: &mut Program, kind: OpKind, stream: Stream, tag: OpTag, deps: &[u32]) -> u32 {
-    let id = prog.kind.len() as u32;
-    if prog.dep_off.is_empty() {
-        prog.dep_off.push(0);
-    }
-    prog.kind.push(kind);
-    prog.stream.push(stream);
-    prog.pos.push(prog.stream_ops[stream as usize].len() as u32);
-    prog.stream_ops[stream as usize].push(id);
-    prog.tag.push(tag);
-    prog.has_dependents.push(false);
-    prog.dependent_streams.push(0);
-    for &d in deps {
-        if prog.stream[d as usize] != stream {
-            prog.deps.push(d);
-            prog.has_dependents[d as usize] = true;
-            prog.dependent_streams[d as usize] |= 1 << stream as u8;
-        }
-    }
-    prog.dep_off.push(prog.deps.len() as u32);
-    id
 }
 
 fn segment(name: &'static str, ps: SimTime) -> OpKind {

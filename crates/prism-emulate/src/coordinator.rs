@@ -29,9 +29,9 @@
 //! zeros from a virtual peer (or from a real peer that sent sizes only).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +44,7 @@ use prism_core::engine::{External, GraphOptions, Mode, SimError, simulate_graph}
 use prism_core::job::Cluster;
 use prism_core::units::SimTime;
 
+use crate::conn::Conn;
 use crate::graph_file::{SlicedGraph, op_name};
 use crate::protocol::{
     Body, Bye, Call, DType, Done, Fault, Op, ReduceOp, Welcome, encode_frame, read_frame,
@@ -195,64 +196,6 @@ pub enum EmulateError {
     /// The engine failed.
     #[error("engine: {0}")]
     Engine(String),
-}
-
-/// A connection either way.
-#[derive(Debug)]
-enum Conn {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Conn {
-    fn try_clone(&self) -> std::io::Result<Conn> {
-        Ok(match self {
-            Conn::Unix(s) => Conn::Unix(s.try_clone()?),
-            Conn::Tcp(s) => Conn::Tcp(s.try_clone()?),
-        })
-    }
-    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
-        match self {
-            Conn::Unix(s) => s.set_read_timeout(t),
-            Conn::Tcp(s) => s.set_read_timeout(t),
-        }
-    }
-    fn set_blocking(&self) -> std::io::Result<()> {
-        match self {
-            Conn::Unix(s) => s.set_nonblocking(false),
-            Conn::Tcp(s) => s.set_nonblocking(false),
-        }
-    }
-    fn shutdown(&self) {
-        let _ = match self {
-            Conn::Unix(s) => s.shutdown(Shutdown::Both),
-            Conn::Tcp(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-}
-
-impl Read for Conn {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.read(buf),
-            Conn::Tcp(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Conn {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.write(buf),
-            Conn::Tcp(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Conn::Unix(s) => s.flush(),
-            Conn::Tcp(s) => s.flush(),
-        }
-    }
 }
 
 enum Listener {

@@ -13,6 +13,7 @@
 //! `docs/emulate.md`.
 
 pub mod comm;
+mod conn;
 pub mod coordinator;
 pub mod graph_file;
 pub mod protocol;

@@ -6,43 +6,13 @@
 //! [`super::CommError::Fault`] naming its rank, group and op index. Every wait is bounded: the
 //! connection (retried until the coordinator listens) and every read.
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use super::{Address, Backend, BackendError, CLIENT_NAME, CallSpec, Op};
+use crate::conn::Conn;
 use crate::protocol::{Body, Hello, ProtocolError, Welcome, read_frame, write_frame};
-
-#[derive(Debug)]
-enum Conn {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Read for Conn {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.read(buf),
-            Conn::Tcp(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Conn {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.write(buf),
-            Conn::Tcp(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Conn::Unix(s) => s.flush(),
-            Conn::Tcp(s) => s.flush(),
-        }
-    }
-}
 
 /// See the module documentation.
 #[derive(Debug)]
