@@ -287,3 +287,20 @@ fn the_published_figure_is_reported_beside_the_prediction() {
         stdout(&text)
     );
 }
+
+/// A reader that stops early (`prism simulate | head`) is not an error: no "Broken pipe"
+/// message, exit status 0.
+#[test]
+fn a_closed_stdout_is_not_an_error() {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prism"))
+        .args(["simulate", "--reduced"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the read end closes before anything is written
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("Broken pipe") && !err.contains("error"), "{err}");
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+}
