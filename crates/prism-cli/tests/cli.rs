@@ -301,6 +301,9 @@ fn a_closed_stdout_is_not_an_error() {
     drop(child.stdout.take()); // the read end closes before anything is written
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!err.contains("Broken pipe") && !err.contains("error"), "{err}");
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("error"),
+        "{err}"
+    );
     assert!(out.status.success(), "{:?}: {err}", out.status);
 }
