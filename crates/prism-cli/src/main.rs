@@ -122,8 +122,11 @@ fn main() -> ExitCode {
         // so stop quietly, as Unix tools do.
         Err(e)
             if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                let pipe = Some(std::io::ErrorKind::BrokenPipe);
+                c.downcast_ref::<std::io::Error>().map(|io| io.kind()) == pipe
+                    || c.downcast_ref::<serde_json::Error>()
+                        .and_then(|j| j.io_error_kind())
+                        == pipe
             }) =>
         {
             ExitCode::SUCCESS

@@ -292,18 +292,24 @@ fn the_published_figure_is_reported_beside_the_prediction() {
 /// message, exit status 0.
 #[test]
 fn a_closed_stdout_is_not_an_error() {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prism"))
-        .args(["simulate", "--reduced"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take()); // the read end closes before anything is written
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !err.contains("Broken pipe") && !err.contains("error"),
-        "{err}"
-    );
-    assert!(out.status.success(), "{:?}: {err}", out.status);
+    for json in [false, true] {
+        let mut args = vec!["simulate", "--reduced"];
+        if json {
+            args.push("--json");
+        }
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prism"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the read end closes before anything is written
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("Broken pipe") && !err.contains("error"),
+            "{args:?}: {err}"
+        );
+        assert!(out.status.success(), "{args:?}: {:?}: {err}", out.status);
+    }
 }
