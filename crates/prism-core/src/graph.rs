@@ -1322,17 +1322,11 @@ impl<'a> StageBuilder<'a> {
                 let (dense, expert) = self.layer_param_split();
                 let bytes = self.grad_bytes();
                 let optag = Self::tag(Phase::Optimizer, mb, layer);
-                self.collective(
-                    GroupKind::Dp,
+                self.data_parallel(
                     Collective::ReduceScatter,
-                    dense * bytes,
-                    optag,
-                    &[out.1],
-                );
-                self.collective(
-                    GroupKind::Edp,
-                    Collective::ReduceScatter,
-                    expert * bytes,
+                    dense,
+                    expert,
+                    bytes,
                     optag,
                     &[out.1],
                 );
@@ -1772,21 +1766,26 @@ impl<'a> StageBuilder<'a> {
     fn zero3_gather(&mut self, layer: u32, tag: OpTag, deps: &[u32]) -> Option<u32> {
         let (dense, expert) = self.layer_param_split();
         let tag = OpTag { layer, ..tag };
-        let d = self.collective(
-            GroupKind::Dp,
-            Collective::AllGather,
-            dense * PARAM_BYTES,
-            tag,
-            deps,
-        );
-        let e = self.collective(
-            GroupKind::Edp,
-            Collective::AllGather,
-            expert * PARAM_BYTES,
-            tag,
-            deps,
-        );
+        let (d, e) =
+            self.data_parallel(Collective::AllGather, dense, expert, PARAM_BYTES, tag, deps);
         e.or(d)
+    }
+
+    /// One data-parallel collective of `dense` and `expert` parameters' worth of `bytes_per`
+    /// bytes each: the dense part over DP (x CP), then the expert part over expert-DP, both on
+    /// the DP stream. Returns the ops (`None` where a part is empty or its group has one rank).
+    fn data_parallel(
+        &mut self,
+        op: Collective,
+        dense: u64,
+        expert: u64,
+        bytes_per: u64,
+        tag: OpTag,
+        deps: &[u32],
+    ) -> (Option<u32>, Option<u32>) {
+        let d = self.collective(GroupKind::Dp, op, dense * bytes_per, tag, deps);
+        let e = self.collective(GroupKind::Edp, op, expert * bytes_per, tag, deps);
+        (d, e)
     }
 
     fn is_last_chunk_on_stage(&self) -> bool {
@@ -1803,17 +1802,11 @@ impl<'a> StageBuilder<'a> {
         }
         let tag = Self::tag(Phase::Optimizer, NONE, NONE);
         for b in self.buckets.clone().iter().rev() {
-            let dense = self.collective(
-                GroupKind::Dp,
+            let (dense, expert) = self.data_parallel(
                 Collective::AllGather,
-                b.dense * PARAM_BYTES,
-                tag,
-                &[],
-            );
-            let expert = self.collective(
-                GroupKind::Edp,
-                Collective::AllGather,
-                b.expert * PARAM_BYTES,
+                b.dense,
+                b.expert,
+                PARAM_BYTES,
                 tag,
                 &[],
             );
@@ -1865,8 +1858,8 @@ impl<'a> StageBuilder<'a> {
                 _ => ready,
             };
             let bytes = self.grad_bytes();
-            dp_ops.extend(self.collective(GroupKind::Dp, reduce, b.dense * bytes, tag, &[dep]));
-            dp_ops.extend(self.collective(GroupKind::Edp, reduce, b.expert * bytes, tag, &[dep]));
+            let (d, e) = self.data_parallel(reduce, b.dense, b.expert, bytes, tag, &[dep]);
+            dp_ops.extend(d.into_iter().chain(e));
         }
         let local_dense: u64 = self.buckets.iter().map(|b| b.dense).sum();
         let local_expert: u64 = self.buckets.iter().map(|b| b.expert).sum();
@@ -1886,17 +1879,11 @@ impl<'a> StageBuilder<'a> {
         );
         if par.distributed_optimizer && !par.overlap_param_gather {
             for b in self.buckets.clone() {
-                self.collective(
-                    GroupKind::Dp,
+                self.data_parallel(
                     Collective::AllGather,
-                    b.dense * PARAM_BYTES,
-                    tag,
-                    &[opt],
-                );
-                self.collective(
-                    GroupKind::Edp,
-                    Collective::AllGather,
-                    b.expert * PARAM_BYTES,
+                    b.dense,
+                    b.expert,
+                    PARAM_BYTES,
                     tag,
                     &[opt],
                 );

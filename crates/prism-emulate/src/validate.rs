@@ -365,6 +365,21 @@ pub fn chain(iterations: &[Trace]) -> Trace {
     out
 }
 
+/// Keeps the first peak seen in `slot`; a later different one is the error `differs(first)`
+/// (the workload's ledger gives the same peak every step).
+fn same_peak(
+    slot: &mut Option<u64>,
+    peak: u64,
+    differs: impl FnOnce(u64) -> String,
+) -> Result<(), String> {
+    match *slot {
+        None => *slot = Some(peak),
+        Some(p) if p != peak => return Err(differs(p)),
+        Some(_) => {}
+    }
+    Ok(())
+}
+
 /// The median (mean of the middle two for an even count); NaN for none.
 pub fn median(xs: &[f64]) -> f64 {
     if xs.is_empty() {
@@ -426,33 +441,22 @@ fn launch(opts: &AllRealOptions, dir: &Path) -> Result<(), String> {
     let world = cfg.world();
     std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let addr = format!("127.0.0.1:{}", free_port()?);
-    let layout = format!("{},{},{}", cfg.tp, cfg.pp, cfg.dp);
     let mut children: Vec<(u32, Child)> = Vec::new();
     for r in 0..world as u32 {
         let out = std::fs::File::create(dir.join(format!("rank{r}.out")))
             .map_err(|e| format!("create output of rank {r}: {e}"))?;
         let err = std::fs::File::create(dir.join(format!("rank{r}.err")))
             .map_err(|e| format!("create output of rank {r}: {e}"))?;
-        let mut cmd = Command::new(&opts.worker.program);
-        cmd.args(&opts.worker.args);
+        let mut cmd = worker_command(opts, r);
         if opts.compute_lock {
             cmd.arg("--compute-lock").arg(dir.join("compute.lock"));
         }
         let child = cmd
-            .args(["--tcp", &addr, "--layout", &layout])
-            .args(["--warmup", &opts.warmup.to_string()])
+            .args(["--tcp", &addr])
             .args(["--iters", &opts.iters.to_string()])
             .args(["--timeout-s", &opts.timeout.as_secs_f64().to_string()])
             .arg("--trace-dir")
             .arg(dir)
-            .args(model_args(cfg))
-            .env("PRISM_RANK", r.to_string())
-            .env("PRISM_WORLD_SIZE", world.to_string())
-            .env("PRISM_LAYOUT", &layout)
-            .env_remove("PRISM_COORDINATOR")
-            .env_remove("PRISM_TCP_ADDR")
-            .env_remove("PRISM_COMPUTE_LOCK")
-            .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn();
@@ -547,16 +551,12 @@ pub fn run_all_real(opts: &AllRealOptions, cost: &dyn CommCost) -> Result<AllRea
                 per_rank[r].push(tr.clone());
             }
             for (r, tr) in traces.iter().enumerate() {
-                match peaks[r] {
-                    None => peaks[r] = Some(tr.peak_memory_bytes),
-                    Some(p) if p != tr.peak_memory_bytes => {
-                        return Err(format!(
-                            "rank {r}: peak memory {} in repeat {rep}, iteration {k}, {p} before: the ledger should not vary",
-                            tr.peak_memory_bytes
-                        ));
-                    }
-                    Some(_) => {}
-                }
+                same_peak(&mut peaks[r], tr.peak_memory_bytes, |p| {
+                    format!(
+                        "rank {r}: peak memory {} in repeat {rep}, iteration {k}, {p} before: the ledger should not vary",
+                        tr.peak_memory_bytes
+                    )
+                })?;
                 times[r].push(t[r]);
             }
             samples.push(t.iter().copied().fold(0.0, f64::max));
@@ -657,29 +657,36 @@ fn representatives(cfg: &Config, real: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-/// Records the representatives' traces into `dir` (one process at a time).
-fn record(opts: &AllRealOptions, reps: &[u32], dir: &Path) -> Result<Vec<PathBuf>, String> {
+/// The worker process of `rank` with what every run shares: the layout, warm-up and model,
+/// the rank's environment, no backend inherited from ours, no input.
+fn worker_command(opts: &AllRealOptions, rank: u32) -> Command {
     let cfg = &opts.config;
     let layout = format!("{},{},{}", cfg.tp, cfg.pp, cfg.dp);
+    let mut cmd = Command::new(&opts.worker.program);
+    cmd.args(&opts.worker.args)
+        .args(["--layout", &layout])
+        .args(["--warmup", &opts.warmup.to_string()])
+        .args(model_args(cfg))
+        .env("PRISM_RANK", rank.to_string())
+        .env("PRISM_WORLD_SIZE", cfg.world().to_string())
+        .env("PRISM_LAYOUT", &layout)
+        .env_remove("PRISM_COORDINATOR")
+        .env_remove("PRISM_TCP_ADDR")
+        .env_remove("PRISM_COMPUTE_LOCK")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Records the representatives' traces into `dir` (one process at a time).
+fn record(opts: &AllRealOptions, reps: &[u32], dir: &Path) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     let mut out = Vec::new();
     for &r in reps {
         let path = dir.join(format!("rank-{r}.trace"));
-        let mut cmd = Command::new(&opts.worker.program);
-        let output = cmd
-            .args(&opts.worker.args)
+        let output = worker_command(opts, r)
             .arg("--record")
             .arg(&path)
-            .args(["--layout", &layout])
-            .args(["--warmup", &opts.warmup.to_string()])
             .args(["--iters", "1"])
-            .args(model_args(cfg))
-            .env("PRISM_RANK", r.to_string())
-            .env("PRISM_WORLD_SIZE", cfg.world().to_string())
-            .env("PRISM_LAYOUT", &layout)
-            .env_remove("PRISM_COORDINATOR")
-            .env_remove("PRISM_TCP_ADDR")
-            .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("cannot start worker for rank {r}: {e}"))?;
         if !output.status.success() {
@@ -774,16 +781,12 @@ pub fn run_hybrid(opts: &HybridOptions) -> Result<HybridResult, String> {
                 .ok_or_else(|| format!("repeat {rep}: no report of real rank {r}"))?;
             times[i].push(rr.iteration_time_s);
             lags[i] = lags[i].max(rr.max_lag_s);
-            match peaks[i] {
-                None => peaks[i] = Some(rr.peak_memory_bytes),
-                Some(p) if p != rr.peak_memory_bytes => {
-                    return Err(format!(
-                        "real rank {r}: peak memory {} in repeat {rep}, {p} before",
-                        rr.peak_memory_bytes
-                    ));
-                }
-                Some(_) => {}
-            }
+            same_peak(&mut peaks[i], rr.peak_memory_bytes, |p| {
+                format!(
+                    "real rank {r}: peak memory {} in repeat {rep}, {p} before",
+                    rr.peak_memory_bytes
+                )
+            })?;
         }
     }
     let ranks = opts
