@@ -25,26 +25,98 @@
 
 use crate::job::{Job, Recompute};
 
-/// Forward FLOPs of one transformer layer for one sequence, split into the matrix multiplies
-/// with weights and the attention core (scores and attention over values).
-fn layer_forward_flops_per_sequence(job: &Job) -> (f64, f64) {
+/// Forward FLOPs of transformer layer `layer` for one sequence, split into the matrix
+/// multiplies with weights and the attention core (scores and attention over values; a local
+/// layer counts `4 s min(w, s) hq`, the windowed analogue of the unmasked `4 s² hq`).
+///
+/// Multi-head latent attention counts its four projections (query down/up, joint key-value
+/// down/up) and the output projection, and a core of `2 s² H (d_qk + d_v)`. MoE layers count the
+/// router, `top_k` routed experts and the shared experts.
+fn layer_forward_flops_at(job: &Job, layer: u32, causal: bool) -> (f64, f64) {
     let m = &job.model;
     let s = m.seq_len as f64;
     let h = m.hidden as f64;
-    let hq = m.heads as f64 * m.head_dim as f64;
-    let hkv = m.kv_heads as f64 * m.head_dim as f64;
     let mats = m.activation.mlp_matrices() as f64;
-    let qkv = 2.0 * s * h * (hq + 2.0 * hkv);
-    let out = 2.0 * s * hq * h;
-    let mlp = match &m.moe {
-        None => mats * 2.0 * s * h * m.ffn_hidden as f64,
-        Some(moe) => {
-            2.0 * s * h * moe.experts as f64
-                + moe.top_k as f64 * mats * 2.0 * s * h * moe.ffn_hidden as f64
+    let qkv = match &m.arch.mla {
+        Some(mla) => {
+            let heads = m.heads as f64;
+            let (rq, rkv) = (mla.q_lora_rank as f64, mla.kv_lora_rank as f64);
+            let dqk = mla.qk_head_dim() as f64;
+            let q = if rq > 0.0 {
+                h * rq + rq * heads * dqk
+            } else {
+                h * heads * dqk
+            };
+            let kv = h * (rkv + mla.qk_rope_head_dim as f64)
+                + rkv * heads * (mla.qk_nope_head_dim as f64 + mla.v_head_dim as f64);
+            2.0 * s * (q + kv)
+        }
+        None => {
+            let hq = m.heads as f64 * m.head_dim as f64;
+            let hkv = m.kv_heads as f64 * m.head_dim as f64;
+            2.0 * s * h * (hq + 2.0 * hkv)
         }
     };
-    let core = 4.0 * s * s * hq;
+    let out = 2.0 * s * m.o_width() as f64 * h;
+    let mlp = match &m.moe {
+        Some(moe) if m.is_moe_layer(layer) => {
+            2.0 * s * h * moe.experts as f64
+                + moe.top_k as f64 * mats * 2.0 * s * h * moe.ffn_hidden as f64
+                + mats * 2.0 * s * h * m.arch.moe_shared_ffn_hidden as f64
+        }
+        _ => mats * 2.0 * s * h * m.ffn_hidden as f64,
+    };
+    // Scores (width q_width) and attention over values (width o_width), 2 FLOPs per pair.
+    let width = if m.arch.mla.is_some() {
+        (m.q_width() + m.o_width()) as f64
+    } else {
+        2.0 * m.heads as f64 * m.head_dim as f64
+    };
+    let su = m.seq_len as u64;
+    let core = match m.local_attention(layer) {
+        None if causal => 2.0 * s * s * width * crate::ops::causal_fraction(su, su),
+        None => 2.0 * s * s * width,
+        Some(la) if causal => 2.0 * la.pairs(su) as f64 * width,
+        Some(la) => 2.0 * s * la.unmasked_keys(su) as f64 * width,
+    };
     (qkv + out + mlp, core)
+}
+
+/// Forward FLOPs of one transformer layer for one sequence, split into the matrix multiplies
+/// with weights and the attention core (scores and attention over values).
+fn layer_forward_flops_per_sequence(job: &Job) -> (f64, f64) {
+    layer_forward_flops_at(job, 0, false)
+}
+
+/// The model is the plain decoder (every layer alike): the closed forms below apply as
+/// written, `layers x` one layer.
+fn uniform(job: &Job) -> bool {
+    job.model.arch == crate::arch::Arch::default()
+}
+
+/// Sum over the layers (grouped by kind) of `f(count, gemm, core)` with the layer's forward
+/// FLOPs, plus the multi-token-prediction modules (each one more layer of the last layer's
+/// kind, its `2h x h` projection and one more LM head).
+fn sum_layers(job: &Job, causal: bool, f: impl Fn(f64, f64, f64) -> f64) -> f64 {
+    let m = &job.model;
+    let mut total = 0.0;
+    for (n, l) in m.layer_kinds() {
+        let (gemm, core) = layer_forward_flops_at(job, l, causal);
+        total += f(n as f64, gemm, core);
+    }
+    let mtp = m.arch.mtp_depth as f64;
+    if mtp > 0.0 {
+        let (gemm, core) = layer_forward_flops_at(job, m.layers - 1, causal);
+        let s = m.seq_len as f64;
+        let h = m.hidden as f64;
+        let proj = 2.0 * s * 2.0 * h * h;
+        total += f(
+            mtp,
+            gemm + proj + lm_head_forward_flops_per_sequence(job),
+            core,
+        );
+    }
+    total
 }
 
 /// Forward FLOPs of the LM head for one sequence.
@@ -80,6 +152,10 @@ pub fn narayanan_eq3(job: &Job) -> f64 {
 /// [`narayanan_eq3`] plus `1.5 B s h V` (eq. 3 counts the LM head 3x, not 4x).
 pub fn model_flops_per_iteration(job: &Job) -> f64 {
     let b = job.training.global_batch as f64;
+    if !uniform(job) {
+        let layers = sum_layers(job, false, |n, gemm, core| n * (gemm + core));
+        return 3.0 * b * (layers + lm_head_forward_flops_per_sequence(job));
+    }
     let (gemm, core) = layer_forward_flops_per_sequence(job);
     let layers = job.model.layers as f64;
     3.0 * b * (layers * (gemm + core) + lm_head_forward_flops_per_sequence(job))
@@ -91,6 +167,10 @@ pub fn model_flops_per_iteration(job: &Job) -> f64 {
 /// (`Summary::mfu_causal`) is lower than Megatron's at long sequences.
 pub fn model_flops_per_iteration_causal(job: &Job) -> f64 {
     let b = job.training.global_batch as f64;
+    if !uniform(job) {
+        let layers = sum_layers(job, true, |n, gemm, core| n * (gemm + core));
+        return 3.0 * b * (layers + lm_head_forward_flops_per_sequence(job));
+    }
     let (gemm, core) = layer_forward_flops_per_sequence(job);
     let s = job.model.seq_len as u64;
     let core = core * crate::ops::causal_fraction(s, s);
@@ -120,6 +200,16 @@ pub fn six_n_plus_attention(job: &Job) -> f64 {
 /// of every layer; none: nothing).
 pub fn hardware_flops_per_iteration(job: &Job) -> f64 {
     let b = job.training.global_batch as f64;
+    if !uniform(job) {
+        let recompute = sum_layers(job, false, |n, gemm, core| {
+            n * match job.parallel.recompute {
+                Recompute::None => 0.0,
+                Recompute::Selective => core,
+                Recompute::Full => gemm + core,
+            }
+        });
+        return model_flops_per_iteration(job) + b * recompute;
+    }
     let (gemm, core) = layer_forward_flops_per_sequence(job);
     let layers = job.model.layers as f64;
     let recompute = match job.parallel.recompute {

@@ -28,6 +28,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::arch::{LocalAttention, WindowKind};
 use crate::cost::comm::Collective;
 use crate::job::{Activation, Job, Precision, Recompute, Schedule};
 use crate::layout::{GroupKind, Layout};
@@ -490,6 +491,8 @@ struct Dims {
     kv_local: u64,
     ffn_local: u64,
     sp: bool,
+    /// Attention output width per rank (the output projection's input): `q_local` unless MLA.
+    o_local: u64,
 }
 
 impl<'a> StageBuilder<'a> {
@@ -530,6 +533,7 @@ impl<'a> StageBuilder<'a> {
             kv_local: m.kv_heads as u64 / tp * m.head_dim as u64,
             ffn_local: m.ffn_hidden as u64 / tp,
             sp,
+            o_local: m.o_width() / tp,
         }
     }
 
@@ -840,13 +844,17 @@ impl<'a> StageBuilder<'a> {
             tag,
             &[fw],
         );
-        let qkv = self.gathered_gemm(
-            "qkv_fwd",
-            Self::gemm(d.t, d.q_local + 2 * d.kv_local, d.h),
-            tag,
-            n1,
-            d.sp,
-        );
+        let qkv = if self.job.model.arch.mla.is_some() {
+            self.mla_forward(tag, n1)
+        } else {
+            self.gathered_gemm(
+                "qkv_fwd",
+                Self::gemm(d.t, d.q_local + 2 * d.kv_local, d.h),
+                tag,
+                n1,
+                d.sp,
+            )
+        };
         let mut cur = qkv.clone();
         let cp = self.job.parallel.cp as u64;
         if cp > 1 {
@@ -864,7 +872,7 @@ impl<'a> StageBuilder<'a> {
         let attn = self.attention_forward(tag, &cur, false);
         let proj = self.reduced_gemm(
             "out_proj_fwd",
-            Self::gemm(d.t, d.h, d.q_local),
+            Self::gemm(d.t, d.h, d.o_local),
             tag,
             &[attn],
         );
@@ -884,10 +892,12 @@ impl<'a> StageBuilder<'a> {
         );
         let mut cur = vec![n2];
         // MLP block.
-        if let Some(moe) = &self.job.model.moe {
+        if let Some(moe) = &self.job.model.moe
+            && m.is_moe_layer(layer)
+        {
             let ep = self.job.parallel.ep as u64;
             let local_experts = moe.experts as u64 / ep;
-            let pairs = d.t_sp * moe.top_k as u64;
+            let pairs = self.routed_pairs(d.t_sp, moe.top_k);
             let per_expert = (pairs * ep).div_ceil(moe.experts as u64);
             let fe = moe.ffn_hidden as u64;
             let n_fc1 = if m.activation == Activation::SwiGlu {
@@ -948,6 +958,12 @@ impl<'a> StageBuilder<'a> {
                 self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
                     .unwrap_or(fc2),
             ];
+            if m.arch.moe_shared_ffn_hidden > 0 {
+                // Shared experts: a tensor-parallel gated MLP on every token, run while the
+                // combine all-to-all is in flight.
+                let shared = self.shared_expert_forward(tag, n2, fc2);
+                cur.extend(shared);
+            }
         } else {
             let n_fc1 = if m.activation == Activation::SwiGlu {
                 2 * d.ffn_local
@@ -968,8 +984,8 @@ impl<'a> StageBuilder<'a> {
             // Transformer Engine: the weights of the layer's four GEMMs are cast to FP8 (read
             // BF16, write FP8) each micro-batch, and the inputs of the out-projection and FC2
             // GEMMs are cast (LayerNorm and activation kernels emit FP8 themselves).
-            let weights = self.layer_weights_local();
-            let bytes = 3 * weights + 3 * d.t * (d.q_local + d.ffn_local);
+            let weights = self.layer_weights_local(layer);
+            let bytes = 3 * weights + 3 * d.t * (d.o_local + d.ffn_local);
             let c = self.compute(
                 "fp8_cast_fwd",
                 OpClass::Elementwise,
@@ -988,15 +1004,10 @@ impl<'a> StageBuilder<'a> {
         )
     }
 
-    /// Weights of one layer held by this rank.
-    fn layer_weights_local(&self) -> u64 {
-        let m = &self.job.model;
-        let p = &self.job.parallel;
-        let experts = m
-            .moe
-            .as_ref()
-            .map_or(0, |e| e.experts as u64 * m.expert_params());
-        (m.layer_params() - experts) / p.tp as u64 + experts / p.ep as u64
+    /// Weights of layer `layer` held by this rank.
+    fn layer_weights_local(&self, layer: u32) -> u64 {
+        let (dense, expert) = self.layer_param_split(layer);
+        dense + expert
     }
 
     /// Attention core forward: one fused (flash) kernel, or Megatron's unfused sequence of
@@ -1019,7 +1030,7 @@ impl<'a> StageBuilder<'a> {
             return self.compute(
                 name,
                 OpClass::Attention,
-                self.attention_work(false),
+                self.attention_work(false, tag.layer),
                 tag,
                 deps,
             );
@@ -1079,7 +1090,7 @@ impl<'a> StageBuilder<'a> {
             return self.compute(
                 "attention_bwd",
                 OpClass::Attention,
-                self.attention_work(true),
+                self.attention_work(true, tag.layer),
                 tag,
                 deps,
             );
@@ -1168,7 +1179,7 @@ impl<'a> StageBuilder<'a> {
         }
     }
 
-    fn attention_work(&self, backward: bool) -> Work {
+    fn attention_work(&self, backward: bool, layer: u32) -> Work {
         let m = &self.job.model;
         let par = &self.job.parallel;
         let cp = par.cp as u64;
@@ -1176,15 +1187,202 @@ impl<'a> StageBuilder<'a> {
         // With load-balanced context parallelism each rank computes 1/cp of the causal score
         // matrix: s/cp queries against s/2 keys on average (no mask), the same FLOPs.
         let (seq_kv, causal) = if cp > 1 { (s / 2, false) } else { (s, true) };
+        let mut batch = par.micro_batch as u64;
+        let (mut seq_q, mut seq_kv, mut window) = (s / cp, seq_kv, 0);
+        match m.local_attention(layer) {
+            None => {}
+            // Chunks are independent causal sequences (validated: the chunk divides seq_len).
+            Some(LocalAttention {
+                kind: WindowKind::Chunked,
+                window: c,
+            }) => {
+                let c = c as u64;
+                batch *= s / c;
+                (seq_q, seq_kv) = (c, c);
+            }
+            Some(LocalAttention {
+                kind: WindowKind::Sliding,
+                window: w,
+            }) => window = w as u64,
+        }
         Work::Attention {
-            batch: par.micro_batch as u64,
+            batch,
             heads: m.heads as u64 / par.tp as u64,
-            seq_q: s / cp,
+            seq_q,
             seq_kv,
-            head_dim: m.head_dim as u64,
+            head_dim: m.core_head_dim(),
             causal,
+            window,
             backward,
         }
+    }
+
+    /// Routed (token, expert) pairs of `tokens` tokens on this rank at the busiest expert:
+    /// `tokens x top_k`, times the capacity factor or the load imbalance when one is set.
+    fn routed_pairs(&self, tokens: u64, top_k: u32) -> u64 {
+        let pairs = tokens * top_k as u64;
+        let load = self.job.model.arch.moe_load_factor();
+        if load == 1.0 {
+            pairs
+        } else {
+            (pairs as f64 * load).ceil() as u64
+        }
+    }
+
+    /// Multi-head latent attention projections, forward: the joint down-projection of the
+    /// (gathered) input to the query and key-value latents and the shared rotary key, then the
+    /// column-parallel up-projections. Returns the ops the attention core waits for.
+    fn mla_forward(&mut self, tag: OpTag, input: u32) -> Vec<u32> {
+        let d = self.dims();
+        let (down, q_up, kv_up) = self.mla_shapes();
+        let first =
+            self.gathered_gemm("mla_down_fwd", Self::gemm(d.t, down, d.h), tag, input, d.sp);
+        let mut out = Vec::new();
+        if let Some((n, k)) = q_up {
+            out.push(self.compute(
+                "q_up_fwd",
+                OpClass::Gemm,
+                Self::gemm(d.t, n, k),
+                tag,
+                &first,
+            ));
+        }
+        let (n, k) = kv_up;
+        out.push(self.compute(
+            "kv_up_fwd",
+            OpClass::Gemm,
+            Self::gemm(d.t, n, k),
+            tag,
+            &first,
+        ));
+        out
+    }
+
+    /// MLA GEMM sizes per rank: the down-projection's output width, the query
+    /// up-projection `(n, k)` (none without a query LoRA) and the key-value up-projection.
+    fn mla_shapes(&self) -> (u64, Option<(u64, u64)>, (u64, u64)) {
+        let m = &self.job.model;
+        let mla = m.arch.mla.expect("MLA model");
+        let heads = m.heads as u64 / self.job.parallel.tp as u64;
+        let (rq, rkv) = (mla.q_lora_rank as u64, mla.kv_lora_rank as u64);
+        let q_cols = heads * mla.qk_head_dim();
+        let kv_cols = heads * (mla.qk_nope_head_dim as u64 + mla.v_head_dim as u64);
+        let kv_down = rkv + mla.qk_rope_head_dim as u64;
+        if rq > 0 {
+            (rq + kv_down, Some((q_cols, rq)), (kv_cols, rkv))
+        } else {
+            (q_cols + kv_down, None, (kv_cols, rkv))
+        }
+    }
+
+    /// MLA projections, backward: data and weight gradients of the up-projections, then of
+    /// the down-projection with the input-gradient reduction over TP. Returns the op
+    /// producing the input gradient.
+    fn mla_backward(&mut self, tag: OpTag, grad: u32) -> u32 {
+        let d = self.dims();
+        let (down, q_up, kv_up) = self.mla_shapes();
+        let (n, k) = kv_up;
+        self.compute(
+            "kv_up_dgrad",
+            OpClass::Gemm,
+            Self::gemm(d.t, k, n),
+            tag,
+            &[grad],
+        );
+        let mut last = self.compute(
+            "kv_up_wgrad",
+            OpClass::Gemm,
+            Self::gemm(n, k, d.t),
+            tag,
+            &[],
+        );
+        if let Some((n, k)) = q_up {
+            self.compute("q_up_dgrad", OpClass::Gemm, Self::gemm(d.t, k, n), tag, &[]);
+            last = self.compute("q_up_wgrad", OpClass::Gemm, Self::gemm(n, k, d.t), tag, &[]);
+        }
+        let act = d.t * d.h * ACT_BYTES;
+        let (g, _wg) = self.linear_backward_in(
+            ("mla_down_dgrad", "mla_down_wgrad"),
+            Self::gemm(d.t, d.h, down),
+            Self::gemm(down, d.h, d.t),
+            tag,
+            last,
+            act,
+        );
+        g
+    }
+
+    /// Shared experts forward: a gated MLP of width `moe_shared_ffn_hidden / tp` on the
+    /// layer's (gathered) normed input, its output reduced over TP. `after` orders it on the
+    /// compute stream behind the routed experts. Returns the ops the residual waits for.
+    fn shared_expert_forward(&mut self, tag: OpTag, input: u32, after: u32) -> Vec<u32> {
+        let d = self.dims();
+        let m = &self.job.model;
+        let f = m.arch.moe_shared_ffn_hidden as u64 / d.tp;
+        let n_fc1 = if m.activation == Activation::SwiGlu {
+            2 * f
+        } else {
+            f
+        };
+        let mut fc1 = self.gathered_gemm(
+            "shared_fc1_fwd",
+            Self::gemm(d.t, n_fc1, d.h),
+            tag,
+            input,
+            d.sp,
+        );
+        fc1.push(after);
+        let act = self.compute(
+            "shared_act_fwd",
+            OpClass::Elementwise,
+            Self::mem((n_fc1 + f) * d.t * ACT_BYTES),
+            tag,
+            &fc1,
+        );
+        self.reduced_gemm("shared_fc2_fwd", Self::gemm(d.t, d.h, f), tag, &[act])
+    }
+
+    /// Shared experts backward; returns the op producing their input gradient.
+    fn shared_expert_backward(&mut self, tag: OpTag, grad: u32) -> u32 {
+        let d = self.dims();
+        let m = &self.job.model;
+        let f = m.arch.moe_shared_ffn_hidden as u64 / d.tp;
+        let n_fc1 = if m.activation == Activation::SwiGlu {
+            2 * f
+        } else {
+            f
+        };
+        let (dg_deps, after) = self.gathered_grad(tag, grad);
+        self.compute(
+            "shared_fc2_dgrad",
+            OpClass::Gemm,
+            Self::gemm(d.t, f, d.h),
+            tag,
+            &dg_deps,
+        );
+        self.compute(
+            "shared_fc2_wgrad",
+            OpClass::Gemm,
+            Self::gemm(f, d.h, d.t),
+            tag,
+            &after,
+        );
+        let ab = self.compute(
+            "shared_act_bwd",
+            OpClass::Elementwise,
+            Self::mem((2 * n_fc1 + f) * d.t * ACT_BYTES),
+            tag,
+            &[],
+        );
+        let (g, _wg) = self.linear_backward_in(
+            ("shared_fc1_dgrad", "shared_fc1_wgrad"),
+            Self::gemm(d.t, d.h, n_fc1),
+            Self::gemm(n_fc1, d.h, d.t),
+            tag,
+            ab,
+            d.t * d.h * ACT_BYTES,
+        );
+        g
     }
 
     fn lm_head_forward(&mut self, mb: u32, input: Option<u32>) {
@@ -1319,7 +1517,7 @@ impl<'a> StageBuilder<'a> {
             if self.job.parallel.shards_params() {
                 // ZeRO-3: this micro-batch's gradients of the layer are reduce-scattered as
                 // soon as its weight gradients exist.
-                let (dense, expert) = self.layer_param_split();
+                let (dense, expert) = self.layer_param_split(layer);
                 let bytes = self.grad_bytes();
                 let optag = Self::tag(Phase::Optimizer, mb, layer);
                 self.data_parallel(
@@ -1462,7 +1660,7 @@ impl<'a> StageBuilder<'a> {
                 d.ffn_local
             };
             let grads = d.t * (d.q_local + 2 * d.kv_local + d.h + n_fc1 + d.h);
-            let bytes = 4 * grads + 3 * self.layer_weights_local();
+            let bytes = 4 * grads + 3 * self.layer_weights_local(layer);
             cur = self.compute(
                 "fp8_cast_transpose_bwd",
                 OpClass::Elementwise,
@@ -1472,10 +1670,12 @@ impl<'a> StageBuilder<'a> {
             );
         }
         // MLP block.
-        if let Some(moe) = &self.job.model.moe {
+        if let Some(moe) = &self.job.model.moe
+            && m.is_moe_layer(layer)
+        {
             let ep = self.job.parallel.ep as u64;
             let batch = moe.experts as u64 / ep;
-            let pairs = d.t_sp * moe.top_k as u64;
+            let pairs = self.routed_pairs(d.t_sp, moe.top_k);
             let per_expert = (pairs * ep).div_ceil(moe.experts as u64);
             let fe = moe.ffn_hidden as u64;
             let n_fc1 = if m.activation == Activation::SwiGlu {
@@ -1484,9 +1684,13 @@ impl<'a> StageBuilder<'a> {
                 fe
             };
             let a2a_bytes = pairs * d.h * ACT_BYTES;
+            let shared_in = cur;
             cur = self
                 .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[cur])
                 .unwrap_or(cur);
+            // Shared experts' backward runs while the gradient all-to-all is in flight.
+            let shared = (m.arch.moe_shared_ffn_hidden > 0)
+                .then(|| self.shared_expert_backward(tag, shared_in));
             self.compute(
                 "expert_fc2_dgrad",
                 OpClass::Gemm,
@@ -1543,12 +1747,14 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
+            let mut router_deps = Self::deps(a2a);
+            router_deps.extend(shared);
             cur = self.compute(
                 "router_bwd",
                 OpClass::Router,
                 Self::gemm(d.t_sp, d.h, moe.experts as u64),
                 tag,
-                &Self::deps(a2a),
+                &router_deps,
             );
         } else {
             let (dg_deps, after) = self.gathered_grad(tag, cur);
@@ -1607,14 +1813,14 @@ impl<'a> StageBuilder<'a> {
         self.compute(
             "out_proj_dgrad",
             OpClass::Gemm,
-            Self::gemm(d.t, d.q_local, d.h),
+            Self::gemm(d.t, d.o_local, d.h),
             tag,
             &dg_deps,
         );
         let opw = self.compute(
             "out_proj_wgrad",
             OpClass::Gemm,
-            Self::gemm(d.q_local, d.h, d.t),
+            Self::gemm(d.o_local, d.h, d.t),
             tag,
             &after,
         );
@@ -1640,14 +1846,19 @@ impl<'a> StageBuilder<'a> {
                 )
                 .unwrap_or(ab);
         }
-        let (g, _qkv_wg) = self.linear_backward_in(
-            ("qkv_dgrad", "qkv_wgrad"),
-            Self::gemm(d.t, d.h, d.q_local + 2 * d.kv_local),
-            Self::gemm(d.q_local + 2 * d.kv_local, d.h, d.t),
-            tag,
-            after_attn,
-            act,
-        );
+        let g = if self.job.model.arch.mla.is_some() {
+            self.mla_backward(tag, after_attn)
+        } else {
+            self.linear_backward_in(
+                ("qkv_dgrad", "qkv_wgrad"),
+                Self::gemm(d.t, d.h, d.q_local + 2 * d.kv_local),
+                Self::gemm(d.q_local + 2 * d.kv_local, d.h, d.t),
+                tag,
+                after_attn,
+                act,
+            )
+            .0
+        };
         // The norm backward runs after the last weight-gradient GEMM on the compute stream, so
         // once it is done every gradient of the layer is final.
         let nb1 = self.compute(
@@ -1669,7 +1880,6 @@ impl<'a> StageBuilder<'a> {
         let par = &j.parallel;
         let tp = par.tp as u64;
         let bucket_params = (par.dp_bucket_mparams * 1e6).max(1.0) as u64;
-        let (dense_layer, expert_layer) = self.layer_param_split();
         let emb = m.vocab as u64 * m.hidden as u64 / tp;
         let mut items: Vec<(Item, u64, u64)> = Vec::new();
         if self.is_last_chunk_on_stage() {
@@ -1687,6 +1897,7 @@ impl<'a> StageBuilder<'a> {
         }
         layers.sort_unstable_by(|a, b| b.cmp(a));
         for l in layers {
+            let (dense_layer, expert_layer) = self.layer_param_split(l);
             items.push((Item::Layer(l), dense_layer, expert_layer));
         }
         if self.stage == 0 {
@@ -1711,15 +1922,15 @@ impl<'a> StageBuilder<'a> {
 
     /// Parameters of one transformer layer on this GPU: (dense, expert), after tensor and
     /// expert parallelism.
-    fn layer_param_split(&self) -> (u64, u64) {
+    fn layer_param_split(&self, layer: u32) -> (u64, u64) {
         let m = &self.job.model;
         let par = &self.job.parallel;
-        let experts = m
-            .moe
-            .as_ref()
-            .map_or(0, |e| e.experts as u64 * m.expert_params());
+        let experts = match &m.moe {
+            Some(e) if m.is_moe_layer(layer) => e.experts as u64 * m.expert_params(),
+            _ => 0,
+        };
         (
-            (m.layer_params() - experts) / par.tp as u64,
+            (m.layer_params_at(layer) - experts) / par.tp as u64,
             experts / par.ep as u64,
         )
     }
@@ -1764,7 +1975,7 @@ impl<'a> StageBuilder<'a> {
     /// All-gathers one layer's parameters (dense over DP, experts over expert-DP); the later
     /// of the two, or `None` when nothing needs gathering.
     fn zero3_gather(&mut self, layer: u32, tag: OpTag, deps: &[u32]) -> Option<u32> {
-        let (dense, expert) = self.layer_param_split();
+        let (dense, expert) = self.layer_param_split(layer);
         let tag = OpTag { layer, ..tag };
         let (d, e) =
             self.data_parallel(Collective::AllGather, dense, expert, PARAM_BYTES, tag, deps);

@@ -74,15 +74,38 @@ pub struct Model {
     /// The model trains with dropout (GPT-3 / Megatron GPT: yes; Llama, Mistral, Nemotron-4:
     /// no). Dropout masks are stored activations.
     pub dropout: bool,
+    /// Architecture features of current families (MLA, shared experts, local attention,
+    /// multi-token prediction); the default is the plain decoder. See [`crate::arch`].
+    pub arch: crate::arch::Arch,
 }
 
 impl Model {
-    /// Parameters of one attention block (QKV + output projection), no biases.
+    /// Parameters of one attention block (QKV + output projection), no biases; with
+    /// multi-head latent attention its projections and latent norms ([`crate::arch`]), with
+    /// query/key norms their weights.
     pub fn attention_params(&self) -> u64 {
         let h = self.hidden as u64;
+        if let Some(mla) = &self.arch.mla {
+            let heads = self.heads as u64;
+            let (rq, rkv) = (mla.q_lora_rank as u64, mla.kv_lora_rank as u64);
+            let q = if rq > 0 {
+                h * rq + rq + rq * heads * mla.qk_head_dim()
+            } else {
+                h * heads * mla.qk_head_dim()
+            };
+            let kv = h * (rkv + mla.qk_rope_head_dim as u64)
+                + rkv
+                + rkv * heads * (mla.qk_nope_head_dim as u64 + mla.v_head_dim as u64);
+            return q + kv + heads * mla.v_head_dim as u64 * h;
+        }
+        let qk_norm = if self.arch.qk_norm {
+            2 * self.head_dim as u64
+        } else {
+            0
+        };
         let q = self.heads as u64 * self.head_dim as u64;
         let kv = self.kv_heads as u64 * self.head_dim as u64;
-        h * (q + 2 * kv) + q * h
+        h * (q + 2 * kv) + q * h + qk_norm
     }
 
     /// Parameters of one dense MLP.
@@ -97,12 +120,18 @@ impl Model {
         })
     }
 
-    /// Parameters of one transformer layer (attention + MLP or all experts + router + norms).
+    /// Parameters of one transformer layer (attention + MLP or all experts + router + shared
+    /// experts + norms); for a model with dense and MoE layers, of an MoE layer
+    /// ([`Model::layer_params_at`] gives any layer's).
     pub fn layer_params(&self) -> u64 {
         let h = self.hidden as u64;
         let mlp = match &self.moe {
             None => self.dense_mlp_params(),
-            Some(m) => m.experts as u64 * self.expert_params() + h * m.experts as u64,
+            Some(m) => {
+                m.experts as u64 * self.expert_params()
+                    + h * m.experts as u64
+                    + self.shared_expert_params()
+            }
         };
         self.attention_params() + mlp + 2 * h
     }
@@ -113,9 +142,14 @@ impl Model {
         if self.tied_embeddings { e } else { 2 * e }
     }
 
-    /// Total parameters.
+    /// Total parameters (without multi-token-prediction modules, [`Model::mtp_params`]).
     pub fn params(&self) -> u64 {
-        self.layers as u64 * self.layer_params() + self.embedding_params() + self.hidden as u64
+        let layers: u64 = self
+            .layer_kinds()
+            .iter()
+            .map(|&(n, l)| n as u64 * self.layer_params_at(l))
+            .sum();
+        layers + self.embedding_params() + self.hidden as u64
     }
 
     /// Parameters a token actually uses (top-k experts instead of all experts).
@@ -124,7 +158,7 @@ impl Model {
             None => self.params(),
             Some(m) => {
                 self.params()
-                    - self.layers as u64 * (m.experts - m.top_k) as u64 * self.expert_params()
+                    - self.moe_layers() as u64 * (m.experts - m.top_k) as u64 * self.expert_params()
             }
         }
     }
@@ -1119,6 +1153,7 @@ impl Job {
                 ),
             ));
         }
+        crate::arch::validate(self)?;
         Ok(())
     }
 }
@@ -1180,6 +1215,7 @@ pub mod fixtures {
             moe: None,
             tied_embeddings: false,
             dropout: false,
+            arch: Default::default(),
         }
     }
 
@@ -1201,6 +1237,7 @@ pub mod fixtures {
             moe: None,
             tied_embeddings: true,
             dropout: true,
+            arch: Default::default(),
         }
     }
 
@@ -1224,6 +1261,7 @@ pub mod fixtures {
             moe: None,
             tied_embeddings: false,
             dropout: false,
+            arch: Default::default(),
         };
         job.parallel.first_stage_layers = Some(7);
         job.parallel.last_stage_layers = Some(7);

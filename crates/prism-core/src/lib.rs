@@ -27,6 +27,7 @@
 //! ```
 //!
 
+pub mod arch;
 pub mod cost;
 pub mod engine;
 pub mod flops;

@@ -89,18 +89,45 @@ pub fn stage_params(job: &Job, stage: u32) -> StageParams {
     let last = stage + 1 == p.pp;
 
     let norms = 2 * h;
-    let (mlp_dense, expert) = match &m.moe {
-        None => (m.dense_mlp_params().div_ceil(tp), 0),
-        Some(moe) => {
-            let router = h * moe.experts as u64;
-            let local_experts = moe.experts as u64 / ep;
-            (router, (local_experts * m.expert_params()).div_ceil(tp))
-        }
+    // (dense, expert) parameters of layer `l` on one GPU.
+    let split = |l: u32| {
+        let (mlp_dense, expert) = match &m.moe {
+            Some(moe) if m.is_moe_layer(l) => {
+                let router = h * moe.experts as u64;
+                let local_experts = moe.experts as u64 / ep;
+                (
+                    router + m.shared_expert_params().div_ceil(tp),
+                    (local_experts * m.expert_params()).div_ceil(tp),
+                )
+            }
+            _ => (m.dense_mlp_params().div_ceil(tp), 0),
+        };
+        (
+            m.attention_params().div_ceil(tp) + norms + mlp_dense,
+            expert,
+        )
     };
-    let layer_dense = m.attention_params().div_ceil(tp) + norms + mlp_dense;
     let embedding = (m.vocab as u64 * h).div_ceil(tp);
 
-    let mut dense = layers * layer_dense;
+    let (mut dense, mut expert) = if m.arch == crate::arch::Arch::default() {
+        let (layer_dense, expert) = split(0);
+        (layers * layer_dense, layers * expert)
+    } else {
+        job.chunk_layers(stage)
+            .into_iter()
+            .flatten()
+            .map(split)
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+    };
+    if last && m.arch.mtp_depth > 0 {
+        // DeepSeek-V3 places the multi-token-prediction modules on the last stage: one more
+        // layer of the last layer's kind, the `2h x h` projection and three norms each; their
+        // embedding and output head are the main model's (not counted again).
+        let depth = m.arch.mtp_depth as u64;
+        let (layer_dense, layer_expert) = split(m.layers - 1);
+        dense += depth * (layer_dense + (2 * h * h).div_ceil(tp) + 3 * h);
+        expert += depth * layer_expert;
+    }
     if stage == 0 {
         dense += embedding;
     }
@@ -111,10 +138,7 @@ pub fn stage_params(job: &Job, stage: u32) -> StageParams {
             dense += embedding;
         }
     }
-    StageParams {
-        dense,
-        expert: layers * expert,
-    }
+    StageParams { dense, expert }
 }
 
 /// Parameters of one transformer layer on one GPU (after tensor and expert parallelism, before
@@ -191,8 +215,20 @@ pub fn activation_bytes_per_layer(job: &Job) -> f64 {
     layer_activation_bytes(job, job.parallel.recompute)
 }
 
-/// [`activation_bytes_per_layer`] for an explicit recompute mode.
+/// [`activation_bytes_per_layer`] for an explicit recompute mode (of the first MoE layer
+/// when the model mixes dense and MoE layers).
 fn layer_activation_bytes(job: &Job, recompute: Recompute) -> f64 {
+    let m = &job.model;
+    let first = (0..m.layers).find(|&l| m.is_moe_layer(l)).unwrap_or(0);
+    layer_activation_bytes_at(job, recompute, first)
+}
+
+/// Activation bytes layer `layer` keeps for one micro-batch on one GPU
+/// ([`activation_bytes_per_layer`]'s tensors, with the layer's own MLP). Multi-head latent
+/// attention keeps its query and key-value latents (`2sb(r_q + r_kv + d_r)`, replicated) and
+/// Q, K, V at their MLA widths; shared experts keep their input (`2sbh`) and activation
+/// tensors; routed-expert tensors scale with the MoE load factor (capacity or imbalance).
+pub fn layer_activation_bytes_at(job: &Job, recompute: Recompute, layer: u32) -> f64 {
     let m = &job.model;
     let p = &job.parallel;
     let s = (m.seq_len / p.cp) as f64;
@@ -211,12 +247,37 @@ fn layer_activation_bytes(job: &Job, recompute: Recompute) -> f64 {
     let hq = m.heads as f64 * m.head_dim as f64;
     let hkv = m.kv_heads as f64 * m.head_dim as f64;
     let (k, f, router) = match &m.moe {
-        None => (1.0, m.ffn_hidden as f64, 0.0),
-        Some(moe) => (
-            moe.top_k as f64,
+        Some(moe) if m.is_moe_layer(layer) => (
+            moe.top_k as f64 * m.arch.moe_load_factor(),
             moe.ffn_hidden as f64,
             4.0 * sb * moe.experts as f64,
         ),
+        _ => (1.0, m.ffn_hidden as f64, 0.0),
+    };
+    let act_f = match m.activation {
+        crate::job::Activation::Gelu => 4.0,
+        crate::job::Activation::SwiGlu => 6.0,
+    };
+    // Architecture extras (0 for the plain decoder): (replicated, split) bytes.
+    let (extra_rep, extra_split) = {
+        let (mut r, mut sp) = (0.0, 0.0);
+        if let Some(mla) = &m.arch.mla {
+            r += 2.0 * sb * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) as f64;
+            // Replace the GQA widths by the MLA ones.
+            let (q, kk, v, o) = (
+                m.q_width() as f64,
+                m.k_width() as f64,
+                m.v_width() as f64,
+                m.o_width() as f64,
+            );
+            sp += 2.0 * sb * (q + kk) + 2.0 * sb * v + 2.0 * sb * o
+                - (2.0 * sb * (hq + hkv) + 2.0 * sb * hkv + 2.0 * sb * hq);
+        }
+        if m.is_moe_layer(layer) && m.arch.moe_shared_ffn_hidden > 0 {
+            r += 2.0 * sb * h;
+            sp += act_f * sb * m.arch.moe_shared_ffn_hidden as f64;
+        }
+        (r, sp)
     };
     let act_per_f = match m.activation {
         crate::job::Activation::Gelu => 4.0,
@@ -231,12 +292,14 @@ fn layer_activation_bytes(job: &Job, recompute: Recompute) -> f64 {
         + 2.0 * sb * h // LayerNorm 2 input
         + 2.0 * sb * h * k // MLP / expert input
         + mask * sb * h // MLP dropout mask
-        + router; // router probabilities
+        + router // router probabilities
+        + extra_rep;
     // Tensors split over the TP group.
     let split = 2.0 * sb * (hq + hkv) // Q and K
         + 2.0 * sb * hkv // V
         + 2.0 * sb * hq // output projection input
-        + act_per_f * sb * f * k; // activation function input and output
+        + act_per_f * sb * f * k // activation function input and output
+        + extra_split;
     // Attention core: softmax output (2), its dropout mask (1), dropout output (2). Fused
     // (flash) attention never stores it and keeps the FP32 log-sum-exp per query and head.
     let core = if job.training.flash_attention {
@@ -323,6 +386,32 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
     };
     let chunks = job.chunk_layers(stage);
     let layers: u32 = chunks.iter().map(|r| r.len() as u32).sum();
+    if job.model.arch != crate::arch::Arch::default() {
+        // Layers differ (dense and MoE): each chunk's bytes are the sum of its layers'.
+        let weights: Vec<f64> = chunks
+            .iter()
+            .map(|r| {
+                if r.is_empty() {
+                    return 0.0;
+                }
+                let sum: f64 = r
+                    .clone()
+                    .map(|l| layer_activation_bytes_at(job, p.recompute, l))
+                    .sum();
+                sum - input
+            })
+            .collect();
+        if p.schedule != Schedule::Interleaved {
+            return weights.iter().sum::<f64>() * in_flight_microbatches(job, stage);
+        }
+        return interleaved_weighted_peak(
+            p.pp as u64,
+            p.vpp as u64,
+            job.micro_batches(),
+            stage as u64,
+            &weights,
+        );
+    }
     let even = chunks.iter().all(|r| r.len() == chunks[0].len());
     if even && input == 0.0 {
         return layers as f64 * in_flight_microbatches(job, stage) * per_layer;

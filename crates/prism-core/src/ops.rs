@@ -92,6 +92,10 @@ pub enum Work {
         head_dim: u64,
         /// Causal mask (about half of the score matrix is computed).
         causal: bool,
+        /// Sliding window of the causal mask, in keys (each query sees its `window` most
+        /// recent keys, itself included); 0: no window. Only with `causal` and
+        /// `seq_q == seq_kv`.
+        window: u64,
         /// Backward pass (about 2.5x the forward FLOPs with recomputed scores).
         backward: bool,
     },
@@ -121,6 +125,7 @@ impl Work {
                 seq_kv,
                 head_dim,
                 causal,
+                window,
                 backward,
             } => {
                 // QK^T and PV: 2 GEMMs of 2 * s_q * s_kv * d each.
@@ -130,7 +135,9 @@ impl Work {
                     * seq_q as f64
                     * seq_kv as f64
                     * head_dim as f64;
-                let masked = if causal {
+                let masked = if causal && window > 0 {
+                    full * window_fraction(seq_q, window)
+                } else if causal {
                     full * causal_fraction(seq_q, seq_kv)
                 } else {
                     full
@@ -178,6 +185,20 @@ pub fn causal_fraction(seq_q: u64, seq_kv: u64) -> f64 {
     let kv = seq_kv as f64;
     // Query i (0-based, offset kv - q) sees kv - q + i + 1 keys.
     ((kv - q) * q + q * (q + 1.0) / 2.0) / (q * kv)
+}
+
+/// Fraction of the `s x s` score matrix a causal sliding window of `window` keys keeps
+/// (query `i` sees `min(i + 1, window)` keys).
+pub fn window_fraction(s: u64, window: u64) -> f64 {
+    if s == 0 || window == 0 {
+        return 0.0;
+    }
+    let pairs = crate::arch::LocalAttention {
+        kind: crate::arch::WindowKind::Sliding,
+        window: window.min(u32::MAX as u64) as u32,
+    }
+    .pairs(s);
+    pairs as f64 / (s as f64 * s as f64)
 }
 
 /// One compute kernel of an execution graph.

@@ -200,6 +200,17 @@ pub fn graph_flops(graph: &ExecutionGraph, include_recompute: bool) -> f64 {
                 prog += match op.work {
                     Work::Attention {
                         seq_q,
+                        causal: true,
+                        window: w @ 1..,
+                        ..
+                    } => {
+                        // A local layer counts `s min(w, s)` pairs unmasked (crate::flops).
+                        let s = seq_q as f64;
+                        f * s * w.min(seq_q) as f64
+                            / (s * s * crate::ops::window_fraction(seq_q, w))
+                    }
+                    Work::Attention {
+                        seq_q,
                         seq_kv,
                         causal: true,
                         ..

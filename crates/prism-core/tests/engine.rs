@@ -1494,6 +1494,7 @@ fn attention_work_flops_conventions() {
         seq_kv: 128,
         head_dim: 64,
         causal: false,
+        window: 0,
         backward: false,
     };
     assert_eq!(fwd.flops(), 4.0 * 2.0 * 128.0 * 128.0 * 64.0);
@@ -1504,6 +1505,7 @@ fn attention_work_flops_conventions() {
         seq_kv: 128,
         head_dim: 64,
         causal: false,
+        window: 0,
         backward: true,
     };
     assert_eq!(bwd.flops(), 2.5 * fwd.flops());

@@ -221,6 +221,22 @@ const MODEL_FIELDS: &[Field] = &[
     fld("moe_ffn_hidden", Ty::U32),
     fld("tied_embeddings", Ty::Bool),
     fld("dropout", Ty::Bool),
+    // Architecture features (prism_core::arch; docs/job-format.md "Model families").
+    fld("mla_q_lora_rank", Ty::U32),
+    fld("mla_kv_lora_rank", Ty::U32),
+    fld("mla_qk_nope_head_dim", Ty::U32),
+    fld("mla_qk_rope_head_dim", Ty::U32),
+    fld("mla_v_head_dim", Ty::U32),
+    fld("moe_first_dense_layers", Ty::U32),
+    fld("moe_layer_step", Ty::U32),
+    fld("moe_shared_ffn_hidden", Ty::U32),
+    fld("moe_capacity_factor", Ty::F64),
+    fld("moe_imbalance", Ty::F64),
+    fld("attention_window", Ty::U32),
+    fld("attention_window_kind", Ty::Str),
+    fld("attention_global_every", Ty::U32),
+    fld("mtp_depth", Ty::U32),
+    fld("qk_norm", Ty::Bool),
 ];
 
 const CLUSTER_FIELDS: &[Field] = &[
@@ -1424,6 +1440,55 @@ fn model_fields(m: &Model, src: &Src) -> BTreeMap<&'static str, Entry> {
     }
     put("tied_embeddings", Val::Bool(m.tied_embeddings));
     put("dropout", Val::Bool(m.dropout));
+    // Architecture keys, only where they differ from the plain decoder.
+    let a = &m.arch;
+    let d = prism_core::arch::Arch::default();
+    if let Some(mla) = &a.mla {
+        put("mla_q_lora_rank", Val::Int(mla.q_lora_rank.into()));
+        put("mla_kv_lora_rank", Val::Int(mla.kv_lora_rank.into()));
+        put(
+            "mla_qk_nope_head_dim",
+            Val::Int(mla.qk_nope_head_dim.into()),
+        );
+        put(
+            "mla_qk_rope_head_dim",
+            Val::Int(mla.qk_rope_head_dim.into()),
+        );
+        put("mla_v_head_dim", Val::Int(mla.v_head_dim.into()));
+    }
+    for (k, v, dv) in [
+        (
+            "moe_first_dense_layers",
+            a.moe_first_dense_layers,
+            d.moe_first_dense_layers,
+        ),
+        ("moe_layer_step", a.moe_layer_step, d.moe_layer_step),
+        (
+            "moe_shared_ffn_hidden",
+            a.moe_shared_ffn_hidden,
+            d.moe_shared_ffn_hidden,
+        ),
+        ("attention_window", a.attention_window, d.attention_window),
+        (
+            "attention_global_every",
+            a.attention_global_every,
+            d.attention_global_every,
+        ),
+        ("mtp_depth", a.mtp_depth, d.mtp_depth),
+    ] {
+        if v != dv {
+            put(k, Val::Int(v.into()));
+        }
+    }
+    if a.attention_window > 0 {
+        put(
+            "attention_window_kind",
+            Val::Str(a.attention_window_kind.name().into()),
+        );
+    }
+    if a.qk_norm {
+        put("qk_norm", Val::Bool(true));
+    }
     out
 }
 
@@ -1783,8 +1848,6 @@ fn build_model(
     };
     let preset = g.str("preset")?;
     let hf_config = g.str("hf_config")?;
-    // The HF config's active attention window, checked against the sequence length below.
-    let mut hf_window = None;
     let mut fields: BTreeMap<&'static str, Entry> = match (preset, hf_config) {
         (Some(_), Some(_)) => {
             let e = g.entry("hf_config").expect("present");
@@ -1839,7 +1902,6 @@ fn build_model(
                     ),
                 ));
             }
-            hf_window = hf::sliding_window(&text).map(|w| (w, e.src.clone()));
             model_fields(&m, &Src::Hf(shown))
         }
         (None, None) => BTreeMap::new(),
@@ -1874,19 +1936,6 @@ fn build_model(
     };
     let vocab = req("vocab")?;
     let seq_len = req("seq_len")?;
-    if let Some((w, src)) = &hf_window
-        && *w < seq_len
-    {
-        return Err(ctx.at_value(
-            src,
-            "model.hf_config",
-            format!(
-                "sliding_window = {w} is shorter than seq_len = {seq_len}: sliding-window \
-                 attention is not modelled (each token would attend to {w} positions, not up \
-                 to {seq_len}), so it is refused rather than overcounted; use seq_len <= {w}"
-            ),
-        ));
-    }
     let activation = g
         .choice(
             "activation",
@@ -1927,6 +1976,7 @@ fn build_model(
     };
     let tied_embeddings = g.bool("tied_embeddings")?.unwrap_or(false);
     let dropout = g.bool("dropout")?.unwrap_or(false);
+    let arch = build_arch(ctx, &g, moe.is_some())?;
     let model = Model {
         name,
         layers,
@@ -1941,8 +1991,92 @@ fn build_model(
         moe,
         tied_embeddings,
         dropout,
+        arch,
     };
     Ok((model, fields))
+}
+
+/// The `[model]` architecture keys (prism_core::arch), defaults where absent.
+fn build_arch(
+    ctx: &Ctx<'_>,
+    g: &Getter<'_>,
+    is_moe: bool,
+) -> Result<prism_core::arch::Arch, JobFileError> {
+    use prism_core::arch::{Arch, Mla, WindowKind};
+    let d = Arch::default();
+    let mla_keys = [
+        "mla_q_lora_rank",
+        "mla_kv_lora_rank",
+        "mla_qk_nope_head_dim",
+        "mla_qk_rope_head_dim",
+        "mla_v_head_dim",
+    ];
+    let mla = if mla_keys.iter().any(|k| g.entry(k).is_some()) {
+        let need = |k: &str| -> Result<u32, JobFileError> {
+            g.u32(k)?.ok_or_else(|| {
+                g.missing(
+                    k,
+                    "multi-head latent attention needs mla_kv_lora_rank, mla_qk_nope_head_dim,                      mla_qk_rope_head_dim and mla_v_head_dim (mla_q_lora_rank defaults to 0)",
+                )
+            })
+        };
+        Some(Mla {
+            q_lora_rank: g.u32("mla_q_lora_rank")?.unwrap_or(0),
+            kv_lora_rank: need("mla_kv_lora_rank")?,
+            qk_nope_head_dim: need("mla_qk_nope_head_dim")?,
+            qk_rope_head_dim: need("mla_qk_rope_head_dim")?,
+            v_head_dim: need("mla_v_head_dim")?,
+        })
+    } else {
+        None
+    };
+    if !is_moe {
+        for k in [
+            "moe_first_dense_layers",
+            "moe_layer_step",
+            "moe_shared_ffn_hidden",
+            "moe_capacity_factor",
+            "moe_imbalance",
+        ] {
+            if let Some(e) = g.entry(k) {
+                return Err(ctx.at_value(
+                    &e.src,
+                    &format!("model.{k}"),
+                    "needs model.moe_experts (the number of experts)",
+                ));
+            }
+        }
+    }
+    let kind = g
+        .choice(
+            "attention_window_kind",
+            &[
+                ("sliding", WindowKind::Sliding),
+                ("chunked", WindowKind::Chunked),
+            ],
+        )?
+        .unwrap_or_default();
+    Ok(Arch {
+        mla,
+        moe_first_dense_layers: g
+            .u32("moe_first_dense_layers")?
+            .unwrap_or(d.moe_first_dense_layers),
+        moe_layer_step: g.u32("moe_layer_step")?.unwrap_or(d.moe_layer_step),
+        moe_shared_ffn_hidden: g
+            .u32("moe_shared_ffn_hidden")?
+            .unwrap_or(d.moe_shared_ffn_hidden),
+        moe_capacity_factor: g
+            .f64("moe_capacity_factor")?
+            .unwrap_or(d.moe_capacity_factor),
+        moe_imbalance: g.f64("moe_imbalance")?.unwrap_or(d.moe_imbalance),
+        attention_window: g.u32("attention_window")?.unwrap_or(d.attention_window),
+        attention_window_kind: kind,
+        attention_global_every: g
+            .u32("attention_global_every")?
+            .unwrap_or(d.attention_global_every),
+        mtp_depth: g.u32("mtp_depth")?.unwrap_or(d.mtp_depth),
+        qk_norm: g.bool("qk_norm")?.unwrap_or(d.qk_norm),
+    })
 }
 
 fn check_model_bounds(

@@ -465,6 +465,7 @@ mod tests {
                 seq_kv: 8192,
                 head_dim: 128,
                 causal: false,
+                window: 0,
                 backward: true,
             },
             Work::Attention {
@@ -474,6 +475,7 @@ mod tests {
                 seq_kv: 1,
                 head_dim: 1,
                 causal: true,
+                window: 0,
                 backward: false,
             },
             Work::Memory { bytes: 0 },

@@ -1006,7 +1006,7 @@ fn set_overrides_work() {
 
 /// HF fields that change cost are honoured or refused by name: the training sequence length
 /// must be given (not taken from max_position_embeddings), and an active sliding window
-/// shorter than it is refused.
+/// shorter than it is modelled.
 #[test]
 fn hf_sequence_length_and_sliding_window() {
     let mistral = data("hf/mistral-7b.json");
@@ -1019,13 +1019,11 @@ fn hf_sequence_length_and_sliding_window() {
         "model.seq_len",
         &["required with model.hf_config", "131072"],
     );
-    // Mistral 7B v0.1: window 4096 < 32768.
-    fails(
-        SMALL,
-        &[&set(&mistral), "model.seq_len=32768"],
-        "model.hf_config",
-        &["sliding_window = 4096", "seq_len = 32768"],
-    );
+    // Mistral 7B v0.1: window 4096 < 32768 is modelled as sliding-window attention on every
+    // layer.
+    let job = ok(SMALL, &[&set(&mistral), "model.seq_len=32768"]).job;
+    assert_eq!(job.model.arch.attention_window, 4096);
+    assert_eq!(job.model.local_attention(0).map(|l| l.window), Some(4096));
     let job = ok(SMALL, &[&set(&mistral), "model.seq_len=4096"]).job;
     assert_eq!(job.model.seq_len, 4096);
     // Qwen2 sets use_sliding_window = false: no window, any length.
@@ -1168,6 +1166,7 @@ fn hf_fixtures_parse() {
             moe: None,
             tied_embeddings: false,
             dropout: false,
+            arch: Default::default(),
         }
     );
     // Same architecture as the preset (except the name).
@@ -1197,6 +1196,7 @@ fn hf_fixtures_parse() {
             moe: None,
             tied_embeddings: false,
             dropout: false,
+            arch: Default::default(),
         }
     );
     let mistral = read_hf("hf/mistral-7b.json");

@@ -361,9 +361,13 @@ pub fn shape_key(work: &Work) -> String {
             seq_kv,
             head_dim,
             causal,
+            window,
             ..
         } => {
             let c = if causal { 'c' } else { 'n' };
+            if window > 0 {
+                return format!("b{batch}h{heads}q{seq_q}k{seq_kv}d{head_dim}{c}w{window}");
+            }
             format!("b{batch}h{heads}q{seq_q}k{seq_kv}d{head_dim}{c}")
         }
         Work::Memory { bytes } => format!("{bytes}B"),
@@ -577,6 +581,7 @@ impl ComputeModel {
             seq_kv,
             head_dim,
             causal,
+            window,
             backward,
         } = *work
         else {
@@ -597,7 +602,9 @@ impl ComputeModel {
         let par_seq = if backward { seq_kv } else { seq_q };
         let blocks = batch as f64 * heads as f64 * par_seq.div_ceil(p.attn_block as u64) as f64;
         let fill = (blocks / p.sm_count as f64).min(1.0);
-        let keys = if causal {
+        let keys = if causal && window > 0 {
+            seq_kv as f64 * crate::ops::window_fraction(seq_q, window)
+        } else if causal {
             seq_kv as f64 * causal_fraction(seq_q, seq_kv)
         } else {
             seq_kv as f64
@@ -834,6 +841,7 @@ mod tests {
                 seq_kv: 4096,
                 head_dim: 128,
                 causal,
+                window: 0,
                 backward,
             },
             recompute: false,
@@ -905,6 +913,7 @@ mod tests {
                 seq_kv: 8192,
                 head_dim: 128,
                 causal: true,
+                window: 0,
                 backward: false,
             },
             recompute: false,
@@ -929,6 +938,7 @@ mod tests {
             seq_kv: seq,
             head_dim: d,
             causal,
+            window: 0,
             backward,
         };
         // Long non-causal, head dim 128: close to the ceiling.
@@ -962,6 +972,7 @@ mod tests {
             seq_kv: 8192,
             head_dim: 128,
             causal: true,
+            window: 0,
             backward: true,
         };
         let op = ComputeOp {
@@ -1004,6 +1015,7 @@ mod tests {
                 seq_kv: 8192,
                 head_dim: 128,
                 causal: true,
+                window: 0,
                 backward: false
             }),
             "b1h16q4096k8192d128c"
