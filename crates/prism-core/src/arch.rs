@@ -427,6 +427,60 @@ pub fn validate(job: &crate::job::Job) -> Result<(), JobError> {
     Ok(())
 }
 
+/// Small jobs with the features above, for tests and examples.
+pub mod fixtures {
+    use super::*;
+    use crate::job::fixtures::small_job;
+    use crate::job::{Activation, Job, Moe};
+
+    /// A small DeepSeek-style model on `small_job`'s layout: 8 layers of hidden 1024, the
+    /// first dense (FFN 4096), the others 8 routed experts of 512 (top-2) plus one shared
+    /// expert of 512, multi-head latent attention (16 heads; ranks 256 / 128, widths 64 + 32,
+    /// values 64), expert parallelism `ep`.
+    pub fn small_deepseek_job(nodes: u32, tp: u32, pp: u32, global_batch: u32, ep: u32) -> Job {
+        let mut job = small_job(nodes, tp, pp, global_batch);
+        let m = &mut job.model;
+        m.name = "deepseek-small".into();
+        m.activation = Activation::SwiGlu;
+        m.moe = Some(Moe {
+            experts: 8,
+            top_k: 2,
+            ffn_hidden: 512,
+        });
+        m.arch = Arch {
+            mla: Some(Mla {
+                q_lora_rank: 256,
+                kv_lora_rank: 128,
+                qk_nope_head_dim: 64,
+                qk_rope_head_dim: 32,
+                v_head_dim: 64,
+            }),
+            moe_first_dense_layers: 1,
+            moe_shared_ffn_hidden: 512,
+            ..Arch::default()
+        };
+        job.parallel.ep = ep;
+        job
+    }
+
+    /// A small Gemma-style model on `small_job`'s layout: sliding window of 512 tokens on
+    /// every layer but every second (sequence 2048), query/key norms, tied embeddings.
+    pub fn small_gemma_job(nodes: u32, tp: u32, pp: u32, global_batch: u32) -> Job {
+        let mut job = small_job(nodes, tp, pp, global_batch);
+        let m = &mut job.model;
+        m.name = "gemma-small".into();
+        m.activation = Activation::SwiGlu;
+        m.tied_embeddings = true;
+        m.arch = Arch {
+            attention_window: 512,
+            attention_global_every: 2,
+            qk_norm: true,
+            ..Arch::default()
+        };
+        job
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,6 +22,7 @@
 //! | `vocab_size` | vocab (Gemma 3 default 262208) |
 //! | `max_position_embeddings` | seq_len of the model alone; a job must give its own `seq_len` (the longest context is not the training length) |
 //! | `hidden_act` / `hidden_activation` | `silu`, `swish`, `relu` or `gelu*`: every family here has a gated MLP (three matrices), so each is `swiglu` in cost |
+//! | `attention_dropout`, `hidden_dropout`, `resid_pdrop`, `embd_pdrop` | dropout when any is above 0 |
 //! | `tie_word_embeddings` | tied_embeddings (default false; Gemma: true) |
 //! | `num_local_experts` / `num_experts` / `n_routed_experts`, `num_experts_per_tok` (`experts_per_token`) | routed experts and top-k |
 //! | `moe_intermediate_size` | expert width (DeepSeek, Qwen3-MoE) |
@@ -110,6 +111,8 @@ struct HfConfig {
     tie_word_embeddings: Option<bool>,
     attention_dropout: Option<f64>,
     hidden_dropout: Option<f64>,
+    resid_pdrop: Option<f64>,
+    embd_pdrop: Option<f64>,
     num_local_experts: Option<u32>,
     num_experts: Option<u32>,
     n_routed_experts: Option<u32>,
@@ -592,8 +595,14 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
         activation,
         moe,
         tied_embeddings: cfg.tie_word_embeddings.unwrap_or(gemma),
-        dropout: cfg.attention_dropout.unwrap_or(0.0) > 0.0
-            || cfg.hidden_dropout.unwrap_or(0.0) > 0.0,
+        dropout: [
+            cfg.attention_dropout,
+            cfg.hidden_dropout,
+            cfg.resid_pdrop,
+            cfg.embd_pdrop,
+        ]
+        .iter()
+        .any(|d| d.unwrap_or(0.0) > 0.0),
         arch,
     })
 }

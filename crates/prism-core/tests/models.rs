@@ -1,0 +1,310 @@
+//! Model-family features (prism_core::arch) against closed forms: multi-head latent
+//! attention, shared and routed experts with leading dense layers, sliding-window and chunked
+//! attention; the execution graph against the FLOP counts; memory against parameter counts;
+//! reduced and sliced simulations against the full one for MoE jobs with expert parallelism.
+
+use prism_core::arch::fixtures::{small_deepseek_job, small_gemma_job};
+use prism_core::arch::{Arch, WindowKind};
+use prism_core::cost::comm::Collective;
+use prism_core::flops;
+use prism_core::graph::{ExecutionGraph, OpKind};
+use prism_core::job::{Job, Recompute};
+use prism_core::layout::GroupKind;
+use prism_core::memory;
+use prism_core::report::graph_flops;
+use prism_core::{Mode, SimOptions, simulate};
+
+fn rel(a: f64, b: f64) -> f64 {
+    if a == b { 0.0 } else { ((a - b) / b).abs() }
+}
+
+fn valid(job: Job) -> Job {
+    job.validate()
+        .unwrap_or_else(|e| panic!("invalid test job: {e}"));
+    job
+}
+
+/// Forward attention-core FLOPs per iteration (unmasked convention): what selective recompute
+/// adds to the hardware FLOPs.
+fn core_flops(job: &Job) -> f64 {
+    let mut sel = job.clone();
+    sel.parallel.recompute = Recompute::Selective;
+    flops::hardware_flops_per_iteration(&sel) - flops::model_flops_per_iteration(&sel)
+}
+
+#[test]
+fn deepseek_style_parameters_by_hand() {
+    let m = valid(small_deepseek_job(1, 1, 1, 8, 1)).model;
+    // h 1024, 16 heads, q rank 256, kv rank 128, widths 64 (nope) + 32 (rope), values 64:
+    //   query  1024*256 + 256 + 256*16*96          =   655,616
+    //   kv     1024*(128+32) + 128 + 128*16*(64+64) =   426,112
+    //   output 16*64*1024                           = 1,048,576   -> attention 2,130,304
+    assert_eq!(m.attention_params(), 2_130_304);
+    // Expert 3*1024*512 = 1,572,864; MoE MLP 8 experts + router 8*1024 + shared 1,572,864.
+    assert_eq!(m.expert_params(), 1_572_864);
+    let moe_layer = 2_130_304 + 8 * 1_572_864 + 8 * 1024 + 1_572_864 + 2 * 1024;
+    let dense_layer = 2_130_304 + 3 * 1024 * 4096 + 2 * 1024;
+    assert_eq!(m.layer_params_at(0), dense_layer);
+    assert_eq!(m.layer_params_at(1), moe_layer);
+    assert_eq!(m.moe_layers(), 7);
+    let emb = 2 * 32000 * 1024;
+    assert_eq!(m.params(), dense_layer + 7 * moe_layer + emb + 1024);
+    // Active: 6 of the 8 routed experts idle in each of the 7 MoE layers.
+    assert_eq!(m.active_params(), m.params() - 7 * 6 * 1_572_864);
+}
+
+#[test]
+fn deepseek_style_flops_per_token_by_hand() {
+    let job = valid(small_deepseek_job(1, 1, 1, 8, 1));
+    let per_token = flops::model_flops_per_iteration(&job) / job.tokens_per_iteration() as f64;
+    // Forward per token (s = 2048):
+    //   MLA projections 2*(1024*256 + 256*16*96 + 1024*160 + 128*16*128) = 2,162,688
+    //   output          2*16*64*1024                                     = 2,097,152
+    //   core            2*2048*(16*96 + 16*64)                           = 10,485,760
+    //   MoE MLP  2*1024*8 + 2 * 3*2*1024*512 + 3*2*1024*512 (shared)     = 9,453,568
+    //   dense MLP       3*2*1024*4096                                    = 25,165,824
+    //   LM head         2*1024*32000                                     = 65,536,000
+    let attn = 2_162_688.0 + 2_097_152.0 + 10_485_760.0;
+    let fwd = (attn + 25_165_824.0) + 7.0 * (attn + 9_453_568.0) + 65_536_000.0;
+    assert_eq!(per_token, 3.0 * fwd);
+    // The causal convention counts (s + 1) / 2s of the core.
+    let causal = flops::model_flops_per_iteration_causal(&job) / job.tokens_per_iteration() as f64;
+    let core_causal = 10_485_760.0 * 2049.0 / 4096.0;
+    assert!(rel(causal, 3.0 * (fwd - 8.0 * 10_485_760.0 + 8.0 * core_causal)) < 1e-12);
+}
+
+#[test]
+fn sliding_window_flops_by_hand() {
+    let job = valid(small_gemma_job(1, 1, 1, 8));
+    let m = &job.model;
+    // Layers 0, 2, 4, 6 local (window 512 of 2048), 1, 3, 5, 7 global.
+    let local: Vec<bool> = (0..8).map(|l| m.local_attention(l).is_some()).collect();
+    assert_eq!(local, [true, false, true, false, true, false, true, false]);
+    let mut plain = job.clone();
+    plain.model.arch = Arch {
+        qk_norm: true,
+        ..Arch::default()
+    };
+    let (s, w, hq, b) = (2048.0, 512.0, 1024.0, 8.0);
+    // Unmasked convention: a local layer's core is 4 s w hq instead of 4 s² hq.
+    let saved = 3.0 * b * 4.0 * 4.0 * s * (s - w) * hq;
+    let d = flops::model_flops_per_iteration(&plain) - flops::model_flops_per_iteration(&job);
+    assert!(rel(d, saved) < 1e-12, "{d} vs {saved}");
+    // Causal convention: pairs w(w+1)/2 + (s-w)w instead of s(s+1)/2.
+    let pairs_local = w * (w + 1.0) / 2.0 + (s - w) * w;
+    let pairs_full = s * (s + 1.0) / 2.0;
+    let saved = 3.0 * b * 4.0 * 4.0 * (pairs_full - pairs_local) * hq;
+    let d = flops::model_flops_per_iteration_causal(&plain)
+        - flops::model_flops_per_iteration_causal(&job);
+    assert!(rel(d, saved) < 1e-12, "{d} vs {saved}");
+}
+
+/// Truth: the graph's kernels add up to the closed-form FLOP counts (plus FlashAttention's
+/// backward recompute of the scores, half a forward core), for every layer kind. The graph
+/// prices the router's backward as one GEMM (its weight gradient is not a separate kernel, as
+/// before this module), so one router forward per MoE layer is missing from it; MLA's
+/// down-projections are duplicated on every tensor-parallel rank (Megatron-Core builds them
+/// with `parallel_mode = "duplicated"`), so the graph does `tp - 1` extra copies of them.
+#[test]
+fn graph_flops_match_closed_forms() {
+    let mut chunked = small_gemma_job(2, 2, 2, 16);
+    chunked.model.arch.attention_window_kind = WindowKind::Chunked;
+    chunked.model.arch.attention_global_every = 4;
+    let mut capacity = small_deepseek_job(2, 1, 2, 16, 4);
+    capacity.model.arch.moe_capacity_factor = 1.0;
+    for job in [
+        small_deepseek_job(1, 1, 1, 8, 1),
+        small_deepseek_job(2, 2, 2, 16, 4),
+        small_deepseek_job(4, 1, 4, 32, 8),
+        capacity,
+        small_gemma_job(1, 1, 1, 8),
+        small_gemma_job(2, 2, 2, 16),
+        chunked,
+    ] {
+        let job = valid(job);
+        let g = ExecutionGraph::build(&job);
+        let gf = graph_flops(&g, false);
+        let mf = flops::model_flops_per_iteration(&job);
+        let fa = 0.5 * core_flops(&job);
+        let m = &job.model;
+        let router_wgrad = m.moe.as_ref().map_or(0.0, |e| {
+            job.tokens_per_iteration() as f64
+                * m.moe_layers() as f64
+                * 2.0
+                * m.hidden as f64
+                * e.experts as f64
+        });
+        let duplicated = m.arch.mla.map_or(0.0, |mla| {
+            let down = (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) as f64;
+            (job.parallel.tp - 1) as f64
+                * 3.0
+                * job.tokens_per_iteration() as f64
+                * m.layers as f64
+                * 2.0
+                * m.hidden as f64
+                * down
+        });
+        let mf = mf - router_wgrad + duplicated;
+        assert!(
+            rel(gf - fa, mf) < 1e-9,
+            "{} {:?}: graph {gf} - {fa} vs model {mf}",
+            job.model.name,
+            job.parallel
+        );
+    }
+}
+
+/// Truth: every GPU's parameters, summed over the pipeline stages and divided back by the
+/// tensor and expert parallel sizes, are the model's parameters.
+#[test]
+fn stage_parameters_add_up_to_the_model() {
+    for (job, tp, ep) in [
+        (small_deepseek_job(1, 1, 1, 8, 1), 1, 1),
+        (small_deepseek_job(2, 1, 4, 16, 4), 1, 4),
+        (small_gemma_job(2, 1, 2, 16), 1, 1),
+    ] {
+        let job = valid(job);
+        let m = &job.model;
+        let (mut dense, mut expert) = (0, 0);
+        for s in 0..job.parallel.pp {
+            let p = memory::stage_params(&job, s);
+            dense += p.dense * tp;
+            expert += p.expert * tp * ep;
+        }
+        let tied_copy = if m.tied_embeddings && job.parallel.pp > 1 {
+            m.vocab as u64 * m.hidden as u64
+        } else {
+            0
+        };
+        assert_eq!(dense + expert, m.params() + tied_copy, "{}", m.name);
+    }
+}
+
+/// Truth: each MoE layer's dispatch all-to-all carries `tokens x top_k x h` BF16 values per
+/// rank, times the capacity factor when one is set; dense layers have none.
+#[test]
+fn all_to_all_sized_by_top_k_and_capacity() {
+    for cf in [0.0, 1.25] {
+        let mut job = small_deepseek_job(2, 1, 1, 16, 4);
+        job.model.arch.moe_capacity_factor = cf;
+        let job = valid(job);
+        let g = ExecutionGraph::build(&job);
+        let p = g.program_of(0);
+        let mut sizes = Vec::new();
+        for k in &p.kind {
+            if let OpKind::Collective {
+                group: GroupKind::Ep,
+                op: Collective::AllToAll,
+                bytes,
+            } = k
+            {
+                sizes.push(*bytes);
+            }
+        }
+        let tokens = 2048u64; // micro-batch 1 x seq 2048, tp 1
+        let load = if cf > 0.0 { cf } else { 1.0 };
+        let want = (tokens as f64 * 2.0 * load).ceil() as u64 * 1024 * 2;
+        // 7 MoE layers x (dispatch + combine) x (forward + backward) x micro-batches.
+        let mbs = job.micro_batches() as usize;
+        assert_eq!(sizes.len(), 7 * 4 * mbs, "cf {cf}");
+        assert!(
+            sizes.iter().all(|&b| b == want),
+            "cf {cf}: {sizes:?} vs {want}"
+        );
+    }
+}
+
+/// Truth: MLA activations by hand (no recompute, flash attention, tp 1, one sequence).
+#[test]
+fn mla_activation_bytes_by_hand() {
+    let mut job = small_deepseek_job(1, 1, 1, 8, 1);
+    job.parallel.recompute = Recompute::None;
+    let job = valid(job);
+    let (s, h) = (2048.0, 1024.0);
+    // Replicated: norm1 in, QKV in, norm2 in, expert input x top_k 2, router probs 4 s E,
+    // latents 2 s (256 + 128 + 32), shared expert input 2 s h.
+    let rep = 2.0 * s * h * 3.0 + 2.0 * s * h * 2.0 + 4.0 * s * 8.0 + 2.0 * s * 416.0 + 2.0 * s * h;
+    // Split: Q, K (16 x 96 each), V (16 x 64), out-proj input (16 x 64), expert activations
+    // 6 s f k, shared expert activations 6 s f_s.
+    let split = 2.0 * s * (1536.0 + 1536.0)
+        + 2.0 * s * 1024.0
+        + 2.0 * s * 1024.0
+        + 6.0 * s * 512.0 * 2.0
+        + 6.0 * s * 512.0;
+    let core = 4.0 * 16.0 * s; // log-sum-exp per query and head
+    let got = memory::layer_activation_bytes_at(&job, Recompute::None, 1);
+    assert!(
+        rel(got, rep + split + core) < 1e-12,
+        "{got} vs {}",
+        rep + split + core
+    );
+}
+
+/// Truth: reduced (one rank per stage) and sliced runs give the full run's times bit for bit
+/// for MoE jobs with expert parallelism and for local-attention jobs.
+#[test]
+fn reduced_and_slice_equal_full_moe_ep() {
+    let mut imb = small_deepseek_job(4, 2, 2, 32, 4);
+    imb.model.arch.moe_imbalance = 1.3;
+    for job in [
+        small_deepseek_job(4, 2, 2, 32, 4),
+        small_deepseek_job(4, 1, 2, 32, 8),
+        imb,
+        small_gemma_job(4, 2, 2, 32),
+    ] {
+        let job = valid(job);
+        let full = simulate(&job, &SimOptions::default()).unwrap();
+        let red = simulate(
+            &job,
+            &SimOptions {
+                mode: Mode::Reduced,
+                ..SimOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            full.summary.iteration_time_s, red.summary.iteration_time_s,
+            "{}",
+            job.model.name
+        );
+        for rt in &red.ranks {
+            assert_eq!(rt.finish_s, full.ranks[rt.rank as usize].finish_s);
+            assert_eq!(rt.compute_s, full.ranks[rt.rank as usize].compute_s);
+        }
+        let n = job.num_gpus() as u32;
+        let wanted = vec![1, n / 2 + 1, n - 1];
+        let sl = simulate(
+            &job,
+            &SimOptions {
+                mode: Mode::Slice(wanted.clone()),
+                ..SimOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(full.summary.iteration_time_s, sl.summary.iteration_time_s);
+        for st in &sl.ranks {
+            assert_eq!(st.finish_s, full.ranks[st.rank as usize].finish_s);
+            assert_eq!(st.compute_s, full.ranks[st.rank as usize].compute_s);
+        }
+    }
+}
+
+/// Truth: load imbalance slows the expert GEMMs and the all-to-alls, never speeds anything
+/// up; a local window never makes an iteration slower than global attention.
+#[test]
+fn imbalance_and_window_move_time_the_right_way() {
+    let t = |job: &Job| {
+        simulate(&valid(job.clone()), &SimOptions::default())
+            .unwrap()
+            .summary
+            .iteration_time_s
+    };
+    let base = small_deepseek_job(2, 1, 2, 16, 4);
+    let mut imb = base.clone();
+    imb.model.arch.moe_imbalance = 1.5;
+    assert!(t(&imb) > t(&base));
+    let g = small_gemma_job(2, 1, 2, 16);
+    let mut global = g.clone();
+    global.model.arch.attention_window = 0;
+    assert!(t(&g) < t(&global));
+}

@@ -1,0 +1,316 @@
+//! Model families read from their published HuggingFace `config.json` (fixtures under
+//! `tests/data/hf/`, written from the public configs' values): parameter counts against the
+//! published totals, the architecture features each family turns on, and a simulation of each.
+
+use std::path::PathBuf;
+
+use prism_core::arch::WindowKind;
+use prism_core::job::Model;
+use prism_io::hf::model_from_hf_config;
+
+fn data(p: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(p)
+}
+
+fn read(p: &str) -> Model {
+    let path = data(p);
+    let text = std::fs::read_to_string(&path).unwrap();
+    model_from_hf_config(&text, &path.display().to_string()).unwrap()
+}
+
+fn b(x: u64) -> f64 {
+    x as f64 / 1e9
+}
+
+/// `x` (parameters) in billions, checked to be within `tol` (relative) of `published`.
+fn assert_published(what: &str, x: u64, published: f64, tol: f64) {
+    let got = b(x);
+    let err = (got / published - 1.0).abs();
+    eprintln!(
+        "[{what}] {got:.3} B vs published {published} B ({:+.2}%)",
+        100.0 * (got / published - 1.0)
+    );
+    assert!(err <= tol, "{what}: {got:.3} B vs {published} B ({err:.4})");
+}
+
+/// Active parameters in the convention DeepSeek and OpenAI publish: without the input
+/// embedding (a lookup, no matrix multiply), with the output head.
+fn active_without_embedding(m: &Model) -> u64 {
+    m.active_params() - m.vocab as u64 * m.hidden as u64
+}
+
+/// DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 4.2 and the model card): 671 B total
+/// parameters, 37 B activated per token, plus 14 B of multi-token-prediction weights.
+#[test]
+fn deepseek_v3() {
+    let m = read("hf/deepseek-v3.json");
+    let mla = m.arch.mla.expect("MLA");
+    assert_eq!(
+        (
+            mla.q_lora_rank,
+            mla.kv_lora_rank,
+            mla.qk_nope_head_dim,
+            mla.qk_rope_head_dim,
+            mla.v_head_dim
+        ),
+        (1536, 512, 128, 64, 128)
+    );
+    assert_eq!(
+        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
+        Some((256, 8, 2048))
+    );
+    assert_eq!(
+        (
+            m.arch.moe_first_dense_layers,
+            m.arch.moe_shared_ffn_hidden,
+            m.arch.mtp_depth
+        ),
+        (3, 2048, 1)
+    );
+    assert_eq!((m.moe_layers(), m.ffn_hidden), (58, 18432));
+    assert_published("DeepSeek-V3 total", m.params(), 671.0, 0.01);
+    // 36.63 B: 1.01% below the published figure, which is given in whole billions (any count
+    // in [36.5, 37.5) is published as 37 B).
+    assert_published(
+        "DeepSeek-V3 active",
+        active_without_embedding(&m),
+        37.0,
+        0.011,
+    );
+    // MTP module: one MoE layer, the 2h x h projection, norms (11.6 B), plus the copies of
+    // the embedding and head its checkpoint holds (1.85 B), against the model card's "14B of
+    // MTP module weights" (its exact composition is not documented, hence the wider bound).
+    assert_published(
+        "DeepSeek-V3 MTP (+ checkpoint copies of embedding/head)",
+        m.mtp_params() + m.embedding_params(),
+        14.0,
+        0.05,
+    );
+}
+
+/// DeepSeek-V2 (Liu et al. 2024, arXiv:2405.04434): 236 B total, 21 B activated.
+#[test]
+fn deepseek_v2() {
+    let m = read("hf/deepseek-v2.json");
+    assert_eq!(
+        (m.arch.moe_first_dense_layers, m.arch.moe_shared_ffn_hidden),
+        (1, 2 * 1536)
+    );
+    assert_published("DeepSeek-V2 total", m.params(), 236.0, 0.01);
+    assert_published(
+        "DeepSeek-V2 active",
+        active_without_embedding(&m),
+        21.0,
+        0.01,
+    );
+}
+
+/// Qwen3-235B-A22B (Qwen3 technical report, arXiv:2505.09388, Table 2): 235 B total, 22 B
+/// activated; Qwen3-8B: 8.2 B.
+#[test]
+fn qwen3() {
+    let m = read("hf/qwen3-235b-a22b.json");
+    assert!(m.arch.qk_norm);
+    assert_eq!(
+        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
+        Some((128, 8, 1536))
+    );
+    assert_published("Qwen3-235B-A22B total", m.params(), 235.0, 0.01);
+    assert_published("Qwen3-235B-A22B active", m.active_params(), 22.0, 0.01);
+    let d = read("hf/qwen3-8b.json");
+    assert_eq!(d.arch.attention_window, 0);
+    assert_published("Qwen3-8B total", d.params(), 8.2, 0.01);
+}
+
+/// Gemma 2 27B (Gemma Team 2024, arXiv:2408.00118, Table 1: 27.2 B with embeddings) and
+/// Gemma 3 27B (arXiv:2503.19786: 27 B, the text decoder; the 0.4 B vision encoder is not
+/// simulated).
+#[test]
+fn gemma() {
+    let g2 = read("hf/gemma2-27b.json");
+    assert!(g2.tied_embeddings);
+    assert_eq!(
+        (g2.arch.attention_window, g2.arch.attention_global_every),
+        (4096, 2)
+    );
+    assert_published("Gemma 2 27B total", g2.params(), 27.2, 0.01);
+    let g3 = read("hf/gemma3-27b.json");
+    assert_eq!(g3.name, "gemma3-27b");
+    assert!(g3.tied_embeddings && g3.arch.qk_norm);
+    assert_eq!((g3.vocab, g3.head_dim, g3.layers), (262_208, 128, 62));
+    assert_eq!(
+        (g3.arch.attention_window, g3.arch.attention_global_every),
+        (1024, 6)
+    );
+    // Five local layers, then a global one.
+    let mut g3s = g3.clone();
+    g3s.seq_len = 4096;
+    let pattern: Vec<bool> = (0..12).map(|l| g3s.local_attention(l).is_some()).collect();
+    assert_eq!(
+        pattern,
+        [
+            true, true, true, true, true, false, true, true, true, true, true, false
+        ]
+    );
+    assert_published("Gemma 3 27B total", g3.params(), 27.0, 0.01);
+}
+
+/// Phi-3 (Abdin et al. 2024, arXiv:2404.14219): mini 3.8 B, medium 14 B; a 2047-token sliding
+/// window on every layer.
+#[test]
+fn phi3() {
+    let mini = read("hf/phi3-mini-4k.json");
+    assert_eq!(
+        (mini.arch.attention_window, mini.arch.attention_global_every),
+        (2047, 0)
+    );
+    assert_published("Phi-3-mini total", mini.params(), 3.8, 0.01);
+    let medium = read("hf/phi3-medium-4k.json");
+    assert_published("Phi-3-medium total", medium.params(), 14.0, 0.01);
+}
+
+/// Llama 4 Maverick (Meta, 2025 model card): 400 B total, 17 B active, 128 routed experts
+/// (top-1) and a shared expert on every second layer, chunked attention (8192) on three of
+/// four layers.
+#[test]
+fn llama4_maverick() {
+    let m = read("hf/llama4-maverick.json");
+    assert_eq!(
+        (m.moe_layers(), m.ffn_hidden, m.arch.moe_shared_ffn_hidden),
+        (24, 16384, 8192)
+    );
+    assert!(!m.is_moe_layer(0) && m.is_moe_layer(1));
+    assert_eq!(
+        (
+            m.arch.attention_window,
+            m.arch.attention_window_kind,
+            m.arch.attention_global_every
+        ),
+        (8192, WindowKind::Chunked, 4)
+    );
+    assert_published("Llama 4 Maverick total", m.params(), 400.0, 0.01);
+    // 17.19 B: published in whole billions.
+    assert_published("Llama 4 Maverick active", m.active_params(), 17.0, 0.015);
+}
+
+/// gpt-oss-120b (OpenAI 2025 model card, Table 1): 116.83 B total, 5.13 B active per token;
+/// sliding window of 128 on every other layer.
+#[test]
+fn gpt_oss() {
+    let m = read("hf/gpt-oss-120b.json");
+    assert_eq!(
+        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
+        Some((128, 4, 2880))
+    );
+    assert_eq!(
+        (m.arch.attention_window, m.arch.attention_global_every),
+        (128, 2)
+    );
+    assert_published("gpt-oss-120b total", m.params(), 116.83, 0.01);
+    assert_published(
+        "gpt-oss-120b active",
+        active_without_embedding(&m),
+        5.13,
+        0.01,
+    );
+}
+
+/// Settings Prism cannot model are refused by the key that sets them.
+#[test]
+fn unmodelled_settings_are_refused_by_name() {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            "deepseek-v3.json",
+            "\"moe_layer_freq\": 1",
+            "\"moe_layer_freq\": 2",
+            "moe_layer_freq",
+        ),
+        (
+            "qwen3-235b-a22b.json",
+            "\"mlp_only_layers\": []",
+            "\"mlp_only_layers\": [3]",
+            "mlp_only_layers",
+        ),
+        (
+            "qwen3-8b.json",
+            "\"use_sliding_window\": false",
+            "\"use_sliding_window\": true, \"sliding_window\": 4096",
+            "use_sliding_window",
+        ),
+        (
+            "gpt-oss-120b.json",
+            "\"sliding_attention\",\n    \"full_attention\"",
+            "\"full_attention\",\n    \"full_attention\"",
+            "layer_types",
+        ),
+        (
+            "llama4-maverick.json",
+            "\"no_rope_layers\": [\n      1,",
+            "\"no_rope_layers\": [\n      0,",
+            "text_config.no_rope_layers",
+        ),
+        (
+            "deepseek-v3.json",
+            "\"kv_lora_rank\": 512,",
+            "",
+            "kv_lora_rank",
+        ),
+    ];
+    for (file, from, to, key) in cases {
+        let text = std::fs::read_to_string(data(&format!("hf/{file}"))).unwrap();
+        assert!(text.contains(from), "{file}: fixture lacks {from}");
+        let changed = text.replacen(from, to, 1);
+        let e = model_from_hf_config(&changed, file).unwrap_err();
+        assert_eq!(e.path, *key, "{file}: {e}");
+    }
+}
+
+/// Each family simulates from its unmodified config through a job file.
+#[test]
+fn every_family_simulates_from_its_config() {
+    for (file, seq, tp, ep) in [
+        ("deepseek-v3.json", 4096, 1, 8),
+        ("deepseek-v2.json", 4096, 1, 8),
+        ("qwen3-8b.json", 4096, 2, 1),
+        ("qwen3-235b-a22b.json", 4096, 4, 8),
+        ("gemma2-27b.json", 8192, 8, 1),
+        ("gemma3-27b.json", 8192, 8, 1),
+        ("phi3-mini-4k.json", 4096, 1, 1),
+        ("phi3-medium-4k.json", 4096, 2, 1),
+        ("llama4-maverick.json", 8192, 8, 8),
+        ("gpt-oss-120b.json", 4096, 8, 8),
+    ] {
+        let path = data(&format!("hf/{file}"));
+        let job = format!(
+            "[model]\nhf_config = \"{}\"\nseq_len = {seq}\n[cluster]\npreset = \"dgx-h100\"\n\
+             nodes = 8\n[parallel]\ntp = {tp}\npp = 1\nep = {ep}\n[training]\nglobal_batch = {}\n",
+            path.display(),
+            64 / tp
+        );
+        let loaded = prism_io::jobfile::load_job_str(&job, file, None, &[])
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let j = loaded.job;
+        let r = prism_core::simulate(
+            &j,
+            &prism_core::SimOptions {
+                mode: prism_core::Mode::Reduced,
+                ..Default::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let s = &r.summary;
+        eprintln!(
+            "[{file}] {} layers, {:.1} B params: iteration {:.3} s, MFU {:.3}",
+            j.model.layers,
+            b(j.model.params()),
+            s.iteration_time_s,
+            s.mfu
+        );
+        assert!(
+            s.iteration_time_s > 0.0 && s.mfu > 0.0 && s.mfu < 1.0,
+            "{file}"
+        );
+    }
+}
