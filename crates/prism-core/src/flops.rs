@@ -95,8 +95,8 @@ fn uniform(job: &Job) -> bool {
 }
 
 /// Sum over the layers (grouped by kind) of `f(count, gemm, core)` with the layer's forward
-/// FLOPs, plus the multi-token-prediction modules (each one more layer of the last layer's
-/// kind, its `2h x h` projection and one more LM head).
+/// FLOPs, the multi-token-prediction layers included (each one more layer of the last layer's
+/// kind).
 fn sum_layers(job: &Job, causal: bool, f: impl Fn(f64, f64, f64) -> f64) -> f64 {
     let m = &job.model;
     let mut total = 0.0;
@@ -107,16 +107,18 @@ fn sum_layers(job: &Job, causal: bool, f: impl Fn(f64, f64, f64) -> f64) -> f64 
     let mtp = m.arch.mtp_depth as f64;
     if mtp > 0.0 {
         let (gemm, core) = layer_forward_flops_at(job, m.layers - 1, causal);
-        let s = m.seq_len as f64;
-        let h = m.hidden as f64;
-        let proj = 2.0 * s * 2.0 * h * h;
-        total += f(
-            mtp,
-            gemm + proj + lm_head_forward_flops_per_sequence(job),
-            core,
-        );
+        total += f(mtp, gemm, core);
     }
     total
+}
+
+/// Forward FLOPs per sequence of the multi-token-prediction modules outside their layers:
+/// the `2h x h` projection and one more LM head each (not recomputed).
+fn mtp_extra_forward_flops(job: &Job) -> f64 {
+    let m = &job.model;
+    let s = m.seq_len as f64;
+    let h = m.hidden as f64;
+    m.arch.mtp_depth as f64 * (2.0 * s * 2.0 * h * h + lm_head_forward_flops_per_sequence(job))
 }
 
 /// Forward FLOPs of the LM head for one sequence.
@@ -153,7 +155,8 @@ pub fn narayanan_eq3(job: &Job) -> f64 {
 pub fn model_flops_per_iteration(job: &Job) -> f64 {
     let b = job.training.global_batch as f64;
     if !uniform(job) {
-        let layers = sum_layers(job, false, |n, gemm, core| n * (gemm + core));
+        let layers = sum_layers(job, false, |n, gemm, core| n * (gemm + core))
+            + mtp_extra_forward_flops(job);
         return 3.0 * b * (layers + lm_head_forward_flops_per_sequence(job));
     }
     let (gemm, core) = layer_forward_flops_per_sequence(job);
@@ -168,7 +171,8 @@ pub fn model_flops_per_iteration(job: &Job) -> f64 {
 pub fn model_flops_per_iteration_causal(job: &Job) -> f64 {
     let b = job.training.global_batch as f64;
     if !uniform(job) {
-        let layers = sum_layers(job, true, |n, gemm, core| n * (gemm + core));
+        let layers =
+            sum_layers(job, true, |n, gemm, core| n * (gemm + core)) + mtp_extra_forward_flops(job);
         return 3.0 * b * (layers + lm_head_forward_flops_per_sequence(job));
     }
     let (gemm, core) = layer_forward_flops_per_sequence(job);

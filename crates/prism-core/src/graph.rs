@@ -677,8 +677,61 @@ impl<'a> StageBuilder<'a> {
         }
         if self.is_last_chunk(chunk) {
             self.lm_head_forward(mb, cur);
+            self.mtp_forward(mb, cur);
         } else {
             self.send_activation(mb, chunk, cur);
+        }
+    }
+
+    /// Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) on the last stage, after the main
+    /// LM head: per depth `d`, the projection of the concatenated hidden state and next-token
+    /// embedding (`[t x 2h] x [2h x h]`, row-parallel over TP), one transformer layer (global
+    /// index `layers + d`, the last layer's kind) and the shared output head with its loss.
+    fn mtp_forward(&mut self, mb: u32, input: Option<u32>) {
+        let depth = self.job.model.arch.mtp_depth;
+        let layers = self.job.model.layers;
+        let d = self.dims();
+        let mut cur = input;
+        for k in 0..depth {
+            let tag = Self::tag(Phase::Forward, mb, layers + k);
+            let proj = self.reduced_gemm(
+                "mtp_proj_fwd",
+                Self::gemm(d.t, d.h, 2 * d.h / d.tp),
+                tag,
+                &Self::deps(cur),
+            );
+            let p = proj[0];
+            let out = self.layer_forward(mb, layers + k, Some(p), Phase::Forward);
+            self.lm_head_forward(mb, Some(out));
+            cur = Some(out);
+        }
+    }
+
+    /// Backward of the multi-token-prediction modules, deepest first (each: head, layer,
+    /// projection).
+    fn mtp_backward(&mut self, mb: u32, last_mb: bool) {
+        let depth = self.job.model.arch.mtp_depth;
+        let layers = self.job.model.layers;
+        let d = self.dims();
+        for k in (0..depth).rev() {
+            let layer = layers + k;
+            let tag = Self::tag(Phase::Backward, mb, layer);
+            let head = self.lm_head_backward(mb, false);
+            if self.job.parallel.recompute == Recompute::Full {
+                self.layer_forward(mb, layer, Some(head), Phase::Recompute);
+            }
+            let (g, wg) = self.layer_backward(mb, layer, Some(head));
+            if last_mb {
+                self.grad_ready.insert(layer, wg);
+            }
+            self.linear_backward_in(
+                ("mtp_proj_dgrad", "mtp_proj_wgrad"),
+                Self::gemm(d.t, 2 * d.h / d.tp, d.h),
+                Self::gemm(2 * d.h / d.tp, d.h, d.t),
+                tag,
+                g,
+                d.t * d.h * ACT_BYTES,
+            );
         }
     }
 
@@ -1438,60 +1491,10 @@ impl<'a> StageBuilder<'a> {
         let last_mb = mb == m - 1;
         let mut cur: Option<u32>;
         if self.is_last_chunk(chunk) {
-            let v_local = self.job.model.vocab as u64 / d.tp;
-            let lb = self.compute(
-                "loss_bwd",
-                OpClass::Loss,
-                Self::mem(2 * d.t * v_local * 4),
-                tag,
-                &[],
-            );
-            let _ = lb;
-            let dg = self.compute(
-                "lm_head_dgrad",
-                OpClass::Gemm,
-                Self::gemm(d.t, d.h, v_local),
-                tag,
-                &[],
-            );
-            let mut c = dg;
-            let wg = if d.sp {
-                let op = self.collective(
-                    GroupKind::Tp,
-                    Collective::ReduceScatter,
-                    d.t * d.h * ACT_BYTES,
-                    tag,
-                    &[dg],
-                );
-                let wg = self.compute(
-                    "lm_head_wgrad",
-                    OpClass::Gemm,
-                    Self::gemm(v_local, d.h, d.t),
-                    tag,
-                    &[],
-                );
-                c = op.unwrap_or(wg);
-                wg
-            } else {
-                self.compute(
-                    "lm_head_wgrad",
-                    OpClass::Gemm,
-                    Self::gemm(v_local, d.h, d.t),
-                    tag,
-                    &[],
-                )
-            };
-            if last_mb {
-                self.lm_head_grad_ready = Some(wg);
-            }
-            let nb = self.compute(
-                "final_norm_bwd",
-                OpClass::Norm,
-                Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
-                tag,
-                &[c],
-            );
-            cur = Some(nb);
+            // The MTP modules' backward runs first on the compute stream; the main head's
+            // backward follows it there.
+            self.mtp_backward(mb, last_mb);
+            cur = Some(self.lm_head_backward(mb, last_mb));
         } else {
             cur = Some(self.recv(
                 MsgTag {
@@ -1556,6 +1559,67 @@ impl<'a> StageBuilder<'a> {
         } else {
             self.send_gradient(mb, chunk, cur);
         }
+    }
+
+    /// The loss and LM head backward of one micro-batch on the last stage; returns the final
+    /// norm's backward (the gradient into the last hidden state). On the last micro-batch the
+    /// head's weight gradient marks its bucket ready (when `mark_ready`).
+    fn lm_head_backward(&mut self, mb: u32, last_mb: bool) -> u32 {
+        let d = self.dims();
+        let tag = Self::tag(Phase::Backward, mb, NONE);
+        let v_local = self.job.model.vocab as u64 / d.tp;
+        let lb = self.compute(
+            "loss_bwd",
+            OpClass::Loss,
+            Self::mem(2 * d.t * v_local * 4),
+            tag,
+            &[],
+        );
+        let _ = lb;
+        let dg = self.compute(
+            "lm_head_dgrad",
+            OpClass::Gemm,
+            Self::gemm(d.t, d.h, v_local),
+            tag,
+            &[],
+        );
+        let mut c = dg;
+        let wg = if d.sp {
+            let op = self.collective(
+                GroupKind::Tp,
+                Collective::ReduceScatter,
+                d.t * d.h * ACT_BYTES,
+                tag,
+                &[dg],
+            );
+            let wg = self.compute(
+                "lm_head_wgrad",
+                OpClass::Gemm,
+                Self::gemm(v_local, d.h, d.t),
+                tag,
+                &[],
+            );
+            c = op.unwrap_or(wg);
+            wg
+        } else {
+            self.compute(
+                "lm_head_wgrad",
+                OpClass::Gemm,
+                Self::gemm(v_local, d.h, d.t),
+                tag,
+                &[],
+            )
+        };
+        if last_mb {
+            self.lm_head_grad_ready = Some(wg);
+        }
+        self.compute(
+            "final_norm_bwd",
+            OpClass::Norm,
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &[c],
+        )
     }
 
     /// Backward of a TP-sharded linear layer whose input was gathered (SP) or replicated:
@@ -1891,6 +1955,11 @@ impl<'a> StageBuilder<'a> {
             items.push((Item::LmHead, lm, 0));
         }
         let mut layers: Vec<u32> = self.chunk_layers.iter().flat_map(|r| r.clone()).collect();
+        if self.is_last_chunk_on_stage() {
+            // Multi-token-prediction layers (numbered after the model's layers) finish their
+            // gradients first.
+            layers.extend(m.layers..m.layers + m.arch.mtp_depth);
+        }
         if par.shards_params() {
             // ZeRO-3 reduces each layer's gradients in every micro-batch (backward_step).
             layers.clear();

@@ -112,7 +112,13 @@ fn graph_flops_match_closed_forms() {
     chunked.model.arch.attention_global_every = 4;
     let mut capacity = small_deepseek_job(2, 1, 2, 16, 4);
     capacity.model.arch.moe_capacity_factor = 1.0;
+    let mut mtp = small_deepseek_job(2, 2, 2, 16, 4);
+    mtp.model.arch.mtp_depth = 1;
+    let mut mtp2 = small_deepseek_job(1, 1, 1, 8, 1);
+    mtp2.model.arch.mtp_depth = 2;
     for job in [
+        mtp,
+        mtp2,
         small_deepseek_job(1, 1, 1, 8, 1),
         small_deepseek_job(2, 2, 2, 16, 4),
         small_deepseek_job(4, 1, 4, 32, 8),
@@ -134,12 +140,15 @@ fn graph_flops_match_closed_forms() {
                 * m.hidden as f64
                 * e.experts as f64
         });
+        let layers = (m.layers + m.arch.mtp_depth) as f64;
+        let router_wgrad = router_wgrad / m.moe_layers().max(1) as f64
+            * (m.moe_layers() + m.arch.mtp_depth) as f64;
         let duplicated = m.arch.mla.map_or(0.0, |mla| {
             let down = (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) as f64;
             (job.parallel.tp - 1) as f64
                 * 3.0
                 * job.tokens_per_iteration() as f64
-                * m.layers as f64
+                * layers
                 * 2.0
                 * m.hidden as f64
                 * down
@@ -158,7 +167,10 @@ fn graph_flops_match_closed_forms() {
 /// tensor and expert parallel sizes, are the model's parameters.
 #[test]
 fn stage_parameters_add_up_to_the_model() {
+    let mut mtp = small_deepseek_job(2, 1, 4, 16, 4);
+    mtp.model.arch.mtp_depth = 1;
     for (job, tp, ep) in [
+        (mtp, 1, 4),
         (small_deepseek_job(1, 1, 1, 8, 1), 1, 1),
         (small_deepseek_job(2, 1, 4, 16, 4), 1, 4),
         (small_gemma_job(2, 1, 2, 16), 1, 1),
@@ -176,7 +188,12 @@ fn stage_parameters_add_up_to_the_model() {
         } else {
             0
         };
-        assert_eq!(dense + expert, m.params() + tied_copy, "{}", m.name);
+        assert_eq!(
+            dense + expert,
+            m.params() + m.mtp_params() + tied_copy,
+            "{}",
+            m.name
+        );
     }
 }
 
@@ -246,6 +263,7 @@ fn mla_activation_bytes_by_hand() {
 fn reduced_and_slice_equal_full_moe_ep() {
     let mut imb = small_deepseek_job(4, 2, 2, 32, 4);
     imb.model.arch.moe_imbalance = 1.3;
+    imb.model.arch.mtp_depth = 1;
     for job in [
         small_deepseek_job(4, 2, 2, 32, 4),
         small_deepseek_job(4, 1, 2, 32, 8),
