@@ -57,6 +57,22 @@ const MODELS: &[(&str, &str)] = &[
         "nemotron4-340b",
         include_str!("../presets/models/nemotron4-340b.toml"),
     ),
+    (
+        "deepseek-v3",
+        include_str!("../presets/models/deepseek-v3.toml"),
+    ),
+    (
+        "qwen3-235b-a22b",
+        include_str!("../presets/models/qwen3-235b-a22b.toml"),
+    ),
+    (
+        "gemma3-27b",
+        include_str!("../presets/models/gemma3-27b.toml"),
+    ),
+    (
+        "llama4-maverick",
+        include_str!("../presets/models/llama4-maverick.toml"),
+    ),
 ];
 
 /// Cluster presets: (name, TOML text with `[cluster]` keys, without `nodes`).
@@ -76,6 +92,10 @@ const CLUSTERS: &[(&str, &str)] = &[
     (
         "dgx-b200",
         include_str!("../presets/clusters/dgx-b200.toml"),
+    ),
+    (
+        "dgx-h800",
+        include_str!("../presets/clusters/dgx-h800.toml"),
     ),
 ];
 

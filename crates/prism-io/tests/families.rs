@@ -314,3 +314,32 @@ fn every_family_simulates_from_its_config() {
         );
     }
 }
+
+/// The model presets of the families equal the models read from their configs (the name and
+/// the training sequence length aside).
+#[test]
+fn presets_match_the_configs() {
+    for (preset, file) in [
+        ("deepseek-v3", "deepseek-v3.json"),
+        ("qwen3-235b-a22b", "qwen3-235b-a22b.json"),
+        ("gemma3-27b", "gemma3-27b.json"),
+        ("llama4-maverick", "llama4-maverick.json"),
+    ] {
+        let job = format!(
+            "[model]\npreset = \"{preset}\"\n[cluster]\npreset = \"dgx-h800\"\nnodes = 8\n\
+             [parallel]\ntp = 1\npp = 1\n[training]\nglobal_batch = 64\n"
+        );
+        let p = prism_io::jobfile::load_job_str(&job, preset, None, &[])
+            .unwrap_or_else(|e| panic!("{preset}: {e}"))
+            .job
+            .model;
+        let hf = read(&format!("hf/{file}"));
+        let hf = Model {
+            name: p.name.clone(),
+            seq_len: p.seq_len,
+            // The HF head_dim of an MLA model is its query/key width, as the preset's.
+            ..hf
+        };
+        assert_eq!(p, hf, "{preset}");
+    }
+}
