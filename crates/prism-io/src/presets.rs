@@ -58,6 +58,10 @@ const MODELS: &[(&str, &str)] = &[
         include_str!("../presets/models/nemotron4-340b.toml"),
     ),
     (
+        "deepseek-v2",
+        include_str!("../presets/models/deepseek-v2.toml"),
+    ),
+    (
         "deepseek-v3",
         include_str!("../presets/models/deepseek-v3.toml"),
     ),

@@ -320,6 +320,7 @@ fn every_family_simulates_from_its_config() {
 #[test]
 fn presets_match_the_configs() {
     for (preset, file) in [
+        ("deepseek-v2", "deepseek-v2.json"),
         ("deepseek-v3", "deepseek-v3.json"),
         ("qwen3-235b-a22b", "qwen3-235b-a22b.json"),
         ("gemma3-27b", "gemma3-27b.json"),

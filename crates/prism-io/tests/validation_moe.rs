@@ -1,0 +1,51 @@
+//! Published large mixture-of-experts training runs (`validation/cases-moe.csv`, the format of
+//! `validation/cases.csv`; a separate file because `cases.csv` holds exactly the rows of
+//! `shared/validation/calibration.csv`). Every case parses, builds a valid job and simulates;
+//! the comparison table is printed. DeepSeek-V3's published cost is predicted and printed
+//! beside the published figure in GPU hours per trillion tokens. No accuracy threshold is
+//! asserted (as for `cases.csv`): calibration on physical parameters comes later.
+
+use std::path::PathBuf;
+
+use prism_core::SimOptions;
+use prism_io::validation::{read_cases, results_table, run_case, stats, stats_table};
+
+fn cases_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../validation/cases-moe.csv")
+}
+
+#[test]
+fn moe_cases_run_and_deepseek_v3_cost_is_reported() {
+    let cases = read_cases(&cases_path()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(cases.len() >= 2);
+    let mut ids: Vec<&str> = cases.iter().map(|c| c.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), cases.len(), "unique ids");
+    let mut results = Vec::new();
+    for c in cases.iter().filter(|c| c.status.is_modelled()) {
+        let r = run_case(c, &SimOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", c.id));
+        assert!(r.predicted.is_finite() && r.predicted > 0.0, "{}", c.id);
+        results.push(r);
+    }
+    println!("\n{}", results_table(&results));
+    let (per, overall) = stats(&results);
+    println!("{}", stats_table(&per, &overall));
+    // DeepSeek-V3: 180K H800 GPU hours per trillion tokens; 2.664M for 14.8T tokens.
+    let v3 = results
+        .iter()
+        .find(|r| r.id == "dsv3_pretrain")
+        .expect("dsv3 case");
+    let hours_per_t = |tokens_per_s_per_gpu: f64| 1e12 / tokens_per_s_per_gpu / 3600.0;
+    let published = hours_per_t(v3.published);
+    let predicted = hours_per_t(v3.predicted);
+    assert!((published / 180e3 - 1.0).abs() < 1e-4, "{published}");
+    println!(
+        "DeepSeek-V3 pre-training: predicted {:.0}K H800 GPU hours per trillion tokens \
+         (published 180K), {:.3}M GPU hours for 14.8T tokens (published 2.664M); \
+         {:+.1} % error in throughput",
+        predicted / 1e3,
+        predicted * 14.8 / 1e6,
+        v3.error_pct
+    );
+}
