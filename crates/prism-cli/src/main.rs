@@ -401,6 +401,8 @@ fn schedule_name(job: &Job) -> &'static str {
         prism_core::job::Schedule::GPipe => "gpipe",
         prism_core::job::Schedule::OneFOneB => "1f1b",
         prism_core::job::Schedule::Interleaved => "interleaved 1f1b",
+        prism_core::job::Schedule::DualPipe => "dualpipe",
+        prism_core::job::Schedule::OneFOneBOverlap => "1f1b with EP overlap",
     }
 }
 

@@ -33,6 +33,7 @@ use crate::cost::comm::Collective;
 use crate::job::{Activation, Job, Precision, Recompute, Schedule};
 use crate::layout::{GroupKind, Layout};
 use crate::ops::{ComputeOp, OpClass, Work};
+use crate::schedules::PipeStep;
 
 /// A stream of a rank: ops on one stream run one after another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -260,10 +261,11 @@ impl ExecutionGraph {
     /// counted.
     pub fn estimate_ops(job: &Job) -> u64 {
         let m = job.micro_batches();
-        let unit = if job.parallel.schedule == crate::job::Schedule::Interleaved {
-            job.parallel.pp as u64
-        } else {
-            1
+        let unit = match job.parallel.schedule {
+            crate::job::Schedule::Interleaved => job.parallel.pp as u64,
+            // DualPipe needs at least 2 pp micro-batches (and an even count).
+            crate::job::Schedule::DualPipe => 2 * job.parallel.pp as u64,
+            _ => 1,
         };
         let (m1, m2) = (unit, 2 * unit);
         let with_micro_batches = |mb: u64| -> Option<u64> {
@@ -396,6 +398,26 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
         chunk: v - 1 - (k % (p * v)) / p,
     };
     let mut out = Vec::with_capacity(2 * total as usize);
+    if let Some(steps) = crate::schedules::pipe_steps(kind, stage, p, m) {
+        // The overlapping schedules, each overlapped pair as its forward then its backward.
+        for st in steps {
+            let (f, b) = match st {
+                PipeStep::Forward(mb, c) => (Some((mb, c)), None),
+                PipeStep::Backward(mb, c) => (None, Some((mb, c))),
+                PipeStep::ForwardBackward(f, b) => (Some(f), Some(b)),
+            };
+            for (forward, x) in [(true, f), (false, b)] {
+                if let Some((micro_batch, chunk)) = x {
+                    out.push(Step {
+                        forward,
+                        micro_batch,
+                        chunk,
+                    });
+                }
+            }
+        }
+        return out;
+    }
     match kind {
         Schedule::GPipe => {
             out.extend((0..m).map(|i| Step {
@@ -409,6 +431,7 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
                 chunk: 0,
             }));
         }
+        Schedule::DualPipe | Schedule::OneFOneBOverlap => unreachable!("handled above"),
         Schedule::OneFOneB | Schedule::Interleaved => {
             let warmup = if v == 1 {
                 (p - stage - 1).min(m)
@@ -538,20 +561,59 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn is_first_chunk(&self, chunk: u32) -> bool {
+        if self.dualpipe() {
+            // Forward direction enters at rank 0, the reverse at the last rank.
+            return (self.stage == 0 && chunk == 0)
+                || (self.stage == self.job.parallel.pp - 1 && chunk == 1);
+        }
         self.stage == 0 && chunk == 0
     }
 
     fn is_last_chunk(&self, chunk: u32) -> bool {
+        if self.dualpipe() {
+            return (self.stage == self.job.parallel.pp - 1 && chunk == 0)
+                || (self.stage == 0 && chunk == 1);
+        }
         self.stage == self.job.parallel.pp - 1 && chunk == self.job.parallel.vpp - 1
+    }
+
+    fn dualpipe(&self) -> bool {
+        self.job.parallel.schedule == Schedule::DualPipe
+    }
+
+    /// True when micro-batch `mb`'s backward of `chunk` is that chunk's last of the iteration.
+    fn is_last_backward(&self, mb: u32, chunk: u32, m: u32) -> bool {
+        if self.dualpipe() {
+            // Direction `chunk` runs micro-batches chunk x m/2 .. (chunk + 1) x m/2.
+            return mb == (chunk + 1) * (m / 2) - 1;
+        }
+        mb == m - 1
     }
 
     fn build(&mut self) {
         let j = self.job;
         let par = &j.parallel;
         let m = j.micro_batches() as u32;
-        let steps = schedule(par.schedule, self.stage, par.pp, m, par.vpp);
         self.buckets = self.plan_buckets();
         self.param_gather_at_start();
+        if let Some(steps) = crate::schedules::pipe_steps(par.schedule, self.stage, par.pp, m) {
+            for st in steps {
+                match st {
+                    PipeStep::Forward(mb, c) => self.forward_step(mb, c, m),
+                    PipeStep::Backward(mb, c) => self.backward_step(mb, c, m),
+                    PipeStep::ForwardBackward(f, b) => {
+                        let start = self.prog.len() as u32;
+                        self.forward_step(f.0, f.1, m);
+                        let mid = self.prog.len() as u32;
+                        self.backward_step(b.0, b.1, m);
+                        self.interleave(start, mid);
+                    }
+                }
+            }
+            self.optimizer();
+            return;
+        }
+        let steps = schedule(par.schedule, self.stage, par.pp, m, par.vpp);
         for step in steps {
             if step.forward {
                 self.forward_step(step.micro_batch, step.chunk, m);
@@ -560,6 +622,51 @@ impl<'a> StageBuilder<'a> {
             }
         }
         self.optimizer();
+    }
+
+    /// Overlaps the ops `start..mid` (a forward chunk) with `mid..` (a backward chunk, built
+    /// after it): each is cut into segments before every compute op that waits for one of its
+    /// own communication ops, and the segments alternate (forward first). Every stream then
+    /// runs its ops of the two chunks in that merged order, a topological order of both (they
+    /// share no dependency), so no stream can wait on another in a cycle.
+    fn interleave(&mut self, start: u32, mid: u32) {
+        let end = self.prog.len() as u32;
+        let segments = |prog: &Program, lo: u32, hi: u32| -> Vec<std::ops::Range<u32>> {
+            let mut cuts = vec![lo];
+            for op in lo + 1..hi {
+                if prog.stream[op as usize] == Stream::Compute
+                    && prog
+                        .deps_of(op)
+                        .iter()
+                        .any(|&d| d >= lo && d < hi && prog.stream[d as usize] != Stream::Compute)
+                {
+                    cuts.push(op);
+                }
+            }
+            cuts.push(hi);
+            cuts.windows(2).map(|w| w[0]..w[1]).collect()
+        };
+        let f = segments(&self.prog, start, mid);
+        let b = segments(&self.prog, mid, end);
+        let mut rank = vec![0u32; (end - start) as usize];
+        let mut next = 0u32;
+        for i in 0..f.len().max(b.len()) {
+            for seg in [f.get(i), b.get(i)].into_iter().flatten() {
+                for op in seg.clone() {
+                    rank[(op - start) as usize] = next;
+                    next += 1;
+                }
+            }
+        }
+        let prog = &mut self.prog;
+        for s in 0..NUM_STREAMS {
+            let list = &mut prog.stream_ops[s];
+            let k = list.partition_point(|&op| op < start);
+            list[k..].sort_by_key(|&op| rank[(op - start) as usize]);
+            for (i, &op) in list.iter().enumerate().skip(k) {
+                prog.pos[op as usize] = i as u32;
+            }
+        }
     }
 
     fn tag(phase: Phase, mb: u32, layer: u32) -> OpTag {
@@ -776,13 +883,30 @@ impl<'a> StageBuilder<'a> {
             &Self::deps(cur),
         );
         self.sends.push((op, target, tag));
-        if self.job.parallel.schedule != Schedule::Interleaved {
+        // Plain 1F1B and GPipe block on their sends (Megatron's P2P); the interleaved and the
+        // overlapping schedules send asynchronously.
+        if matches!(
+            self.job.parallel.schedule,
+            Schedule::OneFOneB | Schedule::GPipe
+        ) {
             self.blocking_send = Some(op);
         }
     }
 
     fn send_activation(&mut self, mb: u32, chunk: u32, cur: Option<u32>) {
         let p = self.job.parallel.pp;
+        if self.dualpipe() {
+            // Each direction stays in its chunk: forward to the next rank, reverse to the
+            // previous one.
+            let tag = MsgTag {
+                backward: false,
+                micro_batch: mb,
+                chunk,
+            };
+            let delta = if chunk == 0 { 1 } else { -1 };
+            self.send(delta, tag, Self::tag(Phase::Forward, mb, NONE), cur);
+            return;
+        }
         let next_chunk = if self.stage == p - 1 {
             chunk + 1
         } else {
@@ -797,6 +921,16 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn send_gradient(&mut self, mb: u32, chunk: u32, cur: Option<u32>) {
+        if self.dualpipe() {
+            let tag = MsgTag {
+                backward: true,
+                micro_batch: mb,
+                chunk,
+            };
+            let delta = if chunk == 0 { -1 } else { 1 };
+            self.send(delta, tag, Self::tag(Phase::Backward, mb, NONE), cur);
+            return;
+        }
         let prev_chunk = if self.stage == 0 { chunk - 1 } else { chunk };
         let tag = MsgTag {
             backward: true,
@@ -1488,7 +1622,7 @@ impl<'a> StageBuilder<'a> {
     fn backward_step(&mut self, mb: u32, chunk: u32, m: u32) {
         let d = self.dims();
         let tag = Self::tag(Phase::Backward, mb, NONE);
-        let last_mb = mb == m - 1;
+        let last_mb = self.is_last_backward(mb, chunk, m);
         let mut cur: Option<u32>;
         if self.is_last_chunk(chunk) {
             // The MTP modules' backward runs first on the compute stream; the main head's
@@ -1969,7 +2103,7 @@ impl<'a> StageBuilder<'a> {
             let (dense_layer, expert_layer) = self.layer_param_split(l);
             items.push((Item::Layer(l), dense_layer, expert_layer));
         }
-        if self.stage == 0 {
+        if self.stage == 0 || self.dualpipe() && self.stage == self.job.parallel.pp - 1 {
             items.push((Item::Embedding, emb, 0));
         }
         let mut out = Vec::new();
@@ -2069,7 +2203,7 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn is_last_chunk_on_stage(&self) -> bool {
-        self.stage == self.job.parallel.pp - 1
+        self.stage == self.job.parallel.pp - 1 || self.dualpipe() && self.stage == 0
     }
 
     /// With the distributed optimizer and `overlap_param_gather`, the iteration starts by

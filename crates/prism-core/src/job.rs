@@ -241,6 +241,17 @@ pub enum Schedule {
     OneFOneB,
     /// Interleaved 1F1B over `vpp` virtual stages per rank.
     Interleaved,
+    /// DeepSeek's DualPipe (DeepSeek-V3 report Sec. 3.2.1; github.com/deepseek-ai/DualPipe):
+    /// two pipelines in opposite directions, each rank holding stage `r` of one and stage
+    /// `pp - 1 - r` of the other (two copies of the parameters), half the micro-batches fed from
+    /// each end, and in steady state a forward chunk of one direction overlapped with a
+    /// backward chunk of the other ([`crate::schedules`]).
+    DualPipe,
+    /// Megatron-Core's 1F1B with expert-parallel communication overlap (combined 1F1B,
+    /// `--overlap-moe-expert-parallel-comm`): in steady state each forward is overlapped with
+    /// the backward of another micro-batch, so that one's all-to-alls run under the other's
+    /// compute ([`crate::schedules`]).
+    OneFOneBOverlap,
 }
 
 /// Order of the parallel dimensions over the ranks, fastest first (Megatron-Core's
@@ -629,6 +640,15 @@ impl Job {
     pub fn chunk_layers(&self, stage: u32) -> Vec<std::ops::Range<u32>> {
         let pp = self.parallel.pp as usize;
         let virt = self.virtual_stage_layers();
+        if self.parallel.schedule == Schedule::DualPipe {
+            // Chunk 0: stage `stage` of the forward-direction pipeline; chunk 1: stage
+            // `pp - 1 - stage` (the reverse direction's stage on this rank).
+            let range = |s: usize| {
+                let start: u32 = virt[..s].iter().sum();
+                start..start + virt[s]
+            };
+            return vec![range(stage as usize), range(pp - 1 - stage as usize)];
+        }
         let mut start = 0u32;
         let mut out = Vec::with_capacity(self.parallel.vpp as usize);
         for (s, &n) in virt.iter().enumerate() {
@@ -645,6 +665,10 @@ impl Job {
     /// Only valid on a validated job.
     pub fn stage_layers(&self) -> Vec<u32> {
         let pp = self.parallel.pp as usize;
+        if self.parallel.schedule == Schedule::DualPipe {
+            let virt = self.virtual_stage_layers();
+            return (0..pp).map(|s| virt[s] + virt[pp - 1 - s]).collect();
+        }
         let mut out = vec![0u32; pp];
         for (s, n) in self.virtual_stage_layers().into_iter().enumerate() {
             out[s % pp] += n;
@@ -959,6 +983,8 @@ impl Job {
                     ));
                 }
             }
+            Schedule::DualPipe => crate::schedules::validate_dualpipe(self)?,
+            Schedule::OneFOneBOverlap => crate::schedules::validate_overlapped_1f1b(self)?,
             Schedule::OneFOneB | Schedule::GPipe => {
                 if p.vpp != 1 {
                     return Err(JobError::new(

@@ -40,6 +40,7 @@ pub mod ops;
 pub mod pipeline_layout;
 pub mod recorded;
 pub mod report;
+pub mod schedules;
 pub mod straggler;
 pub mod units;
 

@@ -86,7 +86,10 @@ pub fn stage_params(job: &Job, stage: u32) -> StageParams {
     let ep = p.ep as u64;
     let h = m.hidden as u64;
     let layers = job.stage_layers()[stage as usize] as u64;
-    let last = stage + 1 == p.pp;
+    // DualPipe: both end ranks hold the embedding and the head (of opposite directions).
+    let dual = p.schedule == Schedule::DualPipe;
+    let last = stage + 1 == p.pp || dual && stage == 0;
+    let first = stage == 0 || dual && stage + 1 == p.pp;
 
     let norms = 2 * h;
     // (dense, expert) parameters of layer `l` on one GPU.
@@ -128,7 +131,7 @@ pub fn stage_params(job: &Job, stage: u32) -> StageParams {
         dense += depth * (layer_dense + (2 * h * h).div_ceil(tp) + 3 * h);
         expert += depth * layer_expert;
     }
-    if stage == 0 {
+    if first {
         dense += embedding;
     }
     if last {
@@ -147,6 +150,7 @@ pub fn layer_params(job: &Job) -> StageParams {
     let one = Job {
         parallel: crate::job::Parallel {
             pp: 1,
+            schedule: Schedule::OneFOneB,
             ..job.parallel.clone()
         },
         ..job.clone()
@@ -332,7 +336,10 @@ pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
     let m = job.micro_batches();
     match job.parallel.schedule {
         Schedule::GPipe => m as f64,
-        Schedule::OneFOneB => (p - i).min(m) as f64,
+        Schedule::OneFOneB | Schedule::OneFOneBOverlap => (p - i).min(m) as f64,
+        // DualPipe keeps `PP + 1` micro-batches' activations of one stage at its peak
+        // (DeepSeek-V3 report, Table 2); a rank holds two stages, so `(PP + 1) / 2` of them.
+        Schedule::DualPipe => (p + 1) as f64 / 2.0,
         Schedule::Interleaved => {
             let v = job.parallel.vpp as u64;
             let chunks = (2 * (p - i - 1) + (v - 1) * p + 1).min(m * v);
@@ -459,7 +466,9 @@ fn interleaved_weighted_peak(p: u64, v: u64, m: u64, rank: u64, weights: &[f64])
 /// per-micro-batch extras (embedding dropout mask; LM head and loss tensors) at the peak.
 fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
     match job.parallel.schedule {
-        Schedule::GPipe | Schedule::OneFOneB => in_flight_microbatches(job, stage),
+        Schedule::GPipe | Schedule::OneFOneB | Schedule::OneFOneBOverlap | Schedule::DualPipe => {
+            in_flight_microbatches(job, stage)
+        }
         Schedule::Interleaved => {
             let p = job.parallel.pp as u64;
             let v = job.parallel.vpp as u64;

@@ -2435,6 +2435,8 @@ fn build_parallel(
             ("1f1b", Schedule::OneFOneB),
             ("interleaved", Schedule::Interleaved),
             ("gpipe", Schedule::GPipe),
+            ("dualpipe", Schedule::DualPipe),
+            ("1f1b-overlap", Schedule::OneFOneBOverlap),
         ],
     )? {
         Some(s) => s,

@@ -20,6 +20,8 @@ pub fn schedule_name(s: Schedule) -> &'static str {
         Schedule::GPipe => "gpipe",
         Schedule::OneFOneB => "1f1b",
         Schedule::Interleaved => "interleaved",
+        Schedule::DualPipe => "dualpipe",
+        Schedule::OneFOneBOverlap => "1f1b-overlap",
     }
 }
 

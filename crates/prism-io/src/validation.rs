@@ -279,7 +279,7 @@ const JOB_COLUMNS: &[JobColumn] = &[
         "schedule",
         "parallel",
         "schedule",
-        Kind::Choice(&["1f1b", "interleaved", "gpipe"]),
+        Kind::Choice(&["1f1b", "interleaved", "gpipe", "dualpipe", "1f1b-overlap"]),
     ),
     jc("micro_batch", "parallel", "micro_batch", Kind::Int),
     jc(
