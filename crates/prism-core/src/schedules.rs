@@ -213,7 +213,10 @@ pub fn one_f_one_b_bubble(pp: u32, f: f64, b: f64) -> f64 {
 mod tests {
     use super::*;
 
-    fn count(steps: &[PipeStep]) -> (Vec<(u32, u32)>, Vec<(u32, u32)>) {
+    /// (micro-batch, chunk) pairs.
+    type Ids = Vec<(u32, u32)>;
+
+    fn count(steps: &[PipeStep]) -> (Ids, Ids) {
         let (mut f, mut b) = (Vec::new(), Vec::new());
         for s in steps {
             match *s {
@@ -234,14 +237,21 @@ mod tests {
             for m in [2 * pp, 2 * pp + 2, 4 * pp] {
                 for r in 0..pp {
                     let steps = dualpipe_steps(r, pp, m);
-                    let (mut f, mut b) = count(&steps);
-                    // Each rank runs every micro-batch of both directions once, forward and
-                    // backward; backwards come after their forwards.
-                    let pos_f: Vec<_> = f.clone();
-                    for (i, x) in b.iter().enumerate() {
-                        let fi = pos_f.iter().position(|y| y == x).unwrap();
-                        assert!(fi <= i + pos_f.len(), "pp {pp} m {m} r {r}");
+                    // Every backward comes after its own forward (a pair holds a forward and
+                    // the backward of another micro-batch).
+                    let flat = crate::graph::schedule(Schedule::DualPipe, r, pp, m, 1);
+                    for (i, st) in flat.iter().enumerate().filter(|(_, s)| !s.forward) {
+                        let fwd = flat.iter().position(|x| {
+                            x.forward && (x.micro_batch, x.chunk) == (st.micro_batch, st.chunk)
+                        });
+                        assert!(fwd.is_some_and(|j| j < i), "pp {pp} m {m} r {r}");
                     }
+                    for st in &steps {
+                        if let PipeStep::ForwardBackward(x, y) = st {
+                            assert_ne!(x, y);
+                        }
+                    }
+                    let (mut f, mut b) = count(&steps);
                     f.sort_unstable();
                     b.sort_unstable();
                     let want: Vec<(u32, u32)> =

@@ -1287,6 +1287,13 @@ const PUBLISHED: &[(&str, f64, Option<&str>)] = &[
     ("mixtral-8x7b", 46.7, None),
     ("nemotron4-15b", 15.7, Some("nemotron15b_t2_1")),
     ("nemotron4-340b", 341.0, None),
+    // Model families (docs/models.md): totals as published (DeepSeek-V2/V3 without the MTP
+    // module, Gemma 3 the text decoder).
+    ("deepseek-v2", 236.0, None),
+    ("deepseek-v3", 671.0, None),
+    ("qwen3-235b-a22b", 235.0, None),
+    ("gemma3-27b", 27.0, None),
+    ("llama4-maverick", 400.0, None),
 ];
 
 #[test]
