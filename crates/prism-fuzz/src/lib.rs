@@ -93,6 +93,10 @@ impl Target {
                 include_str!("../../prism-io/tests/data/hf/mixtral-8x7b.json"),
                 include_str!("../../prism-io/tests/data/hf/qwen2-7b.json"),
                 include_str!("../../prism-io/tests/data/hf/Meta-Llama-3-8B/config.json"),
+                include_str!("../../prism-io/tests/data/hf/deepseek-v3.json"),
+                include_str!("../../prism-io/tests/data/hf/gemma3-27b.json"),
+                include_str!("../../prism-io/tests/data/hf/llama4-maverick.json"),
+                include_str!("../../prism-io/tests/data/hf/gpt-oss-120b.json"),
             ],
             Target::KernelTable => &[
                 include_str!("../../prism-io/tests/data/kernels_h100.csv"),
