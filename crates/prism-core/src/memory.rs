@@ -545,12 +545,23 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
     if p.recompute == Recompute::Full && layers > 0.0 {
         act += layer_activation_bytes(job, Recompute::Selective) - activation_bytes_per_layer(job);
     }
-    if stage == 0 {
+    // DualPipe: both end ranks hold an embedding and a head (of opposite directions).
+    let dual = p.schedule == Schedule::DualPipe;
+    if stage == 0 || dual && stage + 1 == p.pp {
         act += sb * h / sp_div * extras_in_flight(job, stage, true);
     }
-    if stage + 1 == p.pp {
+    if stage + 1 == p.pp || dual && stage == 0 {
         let per_mb = 4.0 * sb * h / sp_div + 4.0 * sb * m.vocab as f64 / t;
         act += per_mb * extras_in_flight(job, stage, false);
+        if m.arch.mtp_depth > 0 {
+            // Multi-token prediction: per module one more layer (the last layer's kind), the
+            // projection's input `[t x 2h]` and one more head (norm and head inputs, logits).
+            let layer = layer_activation_bytes_at(job, p.recompute, m.layers - 1);
+            let proj = 4.0 * sb * h / sp_div;
+            act += m.arch.mtp_depth as f64
+                * (layer + proj + per_mb)
+                * extras_in_flight(job, stage, false);
+        }
     }
 
     MemoryBreakdown {

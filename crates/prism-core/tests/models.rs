@@ -603,3 +603,23 @@ fn overlap_hides_all_to_all() {
         assert!(sa.breakdown.ep_s < sb.breakdown.ep_s, "{a:?}");
     }
 }
+
+/// Truth: the multi-token-prediction module's activations on the last stage are one more
+/// layer of the last layer's kind, the projection input `4sbh` and one more head (`4sbh` +
+/// FP32 logits `4sbV`), per micro-batch in flight; other stages are unchanged.
+#[test]
+fn mtp_activation_memory_by_hand() {
+    let base = valid(small_deepseek_job(2, 1, 2, 16, 4));
+    let mut mtp = base.clone();
+    mtp.model.arch.mtp_depth = 1;
+    let mtp = valid(mtp);
+    let a0 = memory::stage_memory(&base, 0).activations;
+    assert_eq!(memory::stage_memory(&mtp, 0).activations, a0);
+    let d = memory::stage_memory(&mtp, 1).activations as f64
+        - memory::stage_memory(&base, 1).activations as f64;
+    let (s, h, v) = (2048.0, 1024.0, 32000.0);
+    let layer = memory::layer_activation_bytes_at(&mtp, Recompute::None, 7);
+    let in_flight = memory::in_flight_microbatches(&mtp, 1);
+    let want = (layer + 4.0 * s * h + 4.0 * s * h + 4.0 * s * v) * in_flight;
+    assert!((d - want).abs() <= 2.0, "{d} vs {want}");
+}
