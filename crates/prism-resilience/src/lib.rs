@@ -8,5 +8,6 @@
 //! every iteration is played out by `prism_core::hetero` on the engine.
 
 pub mod detect;
+pub mod generate;
 pub mod predictor;
 pub mod workload;
