@@ -9,5 +9,6 @@
 
 pub mod detect;
 pub mod generate;
+pub mod plan;
 pub mod predictor;
 pub mod workload;
