@@ -11,4 +11,5 @@ pub mod detect;
 pub mod generate;
 pub mod plan;
 pub mod predictor;
+pub mod scenario;
 pub mod workload;

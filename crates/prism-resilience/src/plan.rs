@@ -44,8 +44,10 @@ pub struct Setup {
     pub replicas: u32,
     /// Pipeline stages per replica.
     pub stages: u32,
-    /// Tensor-parallel degree of a healthy stage (devices per node).
-    pub tp: u32,
+    /// Tensor-parallel degree of each healthy stage (its node's devices; stages may differ).
+    pub stage_tp: Vec<u32>,
+    /// Layers of each stage in the healthy plan.
+    pub stage_layers: Vec<u32>,
     /// Decoder layers.
     pub layers: u32,
     /// Attention heads (TP degrees must divide them).
@@ -64,6 +66,20 @@ pub struct Setup {
     pub checkpoint_interval_s: f64,
 }
 
+impl Setup {
+    /// Global id of member `i` of node `n` of replica `r` (devices numbered replica by
+    /// replica, node by node).
+    pub fn device_id(&self, r: u32, n: u32, i: u32) -> u32 {
+        let per_replica: u32 = self.stage_tp.iter().sum();
+        r * per_replica + self.stage_tp[..n as usize].iter().sum::<u32>() + i
+    }
+
+    /// Devices in the job.
+    pub fn devices(&self) -> u32 {
+        self.replicas * self.stage_tp.iter().sum::<u32>()
+    }
+}
+
 /// Every device's state, `[replica][stage node][member]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fleet {
@@ -79,8 +95,8 @@ impl Fleet {
                 .map(|r| {
                     (0..s.stages)
                         .map(|n| {
-                            (0..s.tp)
-                                .map(|i| Device::healthy((r * s.stages + n) * s.tp + i))
+                            (0..s.stage_tp[n as usize])
+                                .map(|i| Device::healthy(s.device_id(r, n, i)))
                                 .collect()
                         })
                         .collect()
@@ -144,7 +160,7 @@ pub fn even_split(n: u32, parts: u32) -> Vec<u32> {
 impl Plan {
     /// The healthy plan: even layers, even micro-batches, full TP groups.
     pub fn initial(s: &Setup) -> Self {
-        let layers = even_split(s.layers, s.stages);
+        let layers = &s.stage_layers;
         let mbs = even_split(s.micro_batches, s.replicas);
         Plan {
             replicas: (0..s.replicas as usize)
@@ -153,7 +169,7 @@ impl Plan {
                         stages: (0..s.stages)
                             .map(|n| StagePlan {
                                 node: n,
-                                members: (0..s.tp).collect(),
+                                members: (0..s.stage_tp[n as usize]).collect(),
                                 layers: layers[n as usize],
                             })
                             .collect(),
@@ -544,7 +560,9 @@ fn with_repartition(plan: &Plan, fleet: &Fleet, s: &Setup) -> Plan {
         }
         let depth = rp.stages.len();
         let old: Vec<u32> = rp.stages.iter().map(|st| st.layers).collect();
-        let cap_old: Vec<f64> = rp.stages.iter().map(|_| s.tp as f64).collect();
+        let cap_old: Vec<f64> = (rp.stages.iter())
+            .map(|st| s.stage_tp[st.node as usize] as f64)
+            .collect();
         let cap_new: Vec<f64> = (rp.stages.iter())
             .map(|st| {
                 let d = stage_of(st, fleet, r);
@@ -588,7 +606,7 @@ fn with_template(plan: &Plan, fleet: &Fleet, s: &Setup) -> Plan {
             .into_iter()
             .zip(split)
             .map(|(mut st, l)| {
-                st.members = (0..s.tp).collect();
+                st.members = (0..s.stage_tp[st.node as usize]).collect();
                 st.layers = l;
                 st
             })
@@ -668,7 +686,12 @@ pub fn adapt(strategy: Strategy, current: &Plan, fleet: &Fleet, s: &Setup, horiz
         }
         Strategy::CheckpointRestart => {
             if !any_failed {
-                return decision(current.clone(), current, fleet, s);
+                // Back to the full job at the next planned restart (nothing lost).
+                let mut d = decision(base.clone(), current, fleet, s);
+                if base != *current {
+                    d.pause_s = s.reconfig.checkpoint_restart_s;
+                }
+                return d;
             }
             let mut p = base.clone();
             drop_failed(&mut p, fleet);
@@ -679,7 +702,7 @@ pub fn adapt(strategy: Strategy, current: &Plan, fleet: &Fleet, s: &Setup, horiz
         }
         Strategy::Oobleck => {
             if !any_failed {
-                return decision(current.clone(), current, fleet, s);
+                return decision(base.clone(), current, fleet, s);
             }
             let mut p = with_template(&base, fleet, s);
             // Micro-batches in proportion to pipeline throughput (bottleneck stage).
@@ -800,7 +823,7 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
             let devs = &fleet.devices[r][n];
             let mut o: Vec<Option<Vec<u32>>> = Vec::new();
             if !devs.iter().any(|d| d.failed || d.speed < 1.0) {
-                o.push(Some((0..s.tp).collect()));
+                o.push(Some((0..s.stage_tp[n]).collect()));
             } else {
                 let mut live: Vec<(u32, f64)> = (devs.iter().enumerate())
                     .filter(|(_, d)| !d.failed)
@@ -925,7 +948,7 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use prism_core::job::fixtures::{h100_cluster, small_job};
 
@@ -992,7 +1015,8 @@ mod tests {
             schedule: Schedule::OneFOneB,
             replicas: 4,
             stages: 3,
-            tp: 4,
+            stage_tp: vec![4; 3],
+            stage_layers: vec![4; 3],
             layers: 12,
             heads: 16,
             micro_batches: 16,
