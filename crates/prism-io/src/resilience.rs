@@ -45,6 +45,23 @@ impl fmt::Display for FormatError {
 
 impl std::error::Error for FormatError {}
 
+/// Largest log, truth or scenario file read, bytes.
+pub const MAX_LOG_BYTES: u64 = 4 << 30;
+
+/// Reads a log, truth or scenario file (a regular UTF-8 file of at most [`MAX_LOG_BYTES`]).
+pub fn read_file(path: &std::path::Path) -> Result<String, FormatError> {
+    let origin = path.display().to_string();
+    let whole = |rule: String| FormatError { origin: origin.clone(), line: None, key: None, rule };
+    let meta = std::fs::metadata(path).map_err(|e| whole(format!("cannot read: {e}")))?;
+    if !meta.is_file() {
+        return Err(whole("not a regular file".into()));
+    }
+    if meta.len() > MAX_LOG_BYTES {
+        return Err(whole(format!("larger than the {MAX_LOG_BYTES}-byte limit")));
+    }
+    std::fs::read_to_string(path).map_err(|e| whole(format!("cannot read as UTF-8 text: {e}")))
+}
+
 fn err(origin: &str, line: usize, key: Option<&str>, rule: impl Into<String>) -> FormatError {
     FormatError {
         origin: origin.to_string(),

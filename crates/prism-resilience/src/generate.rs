@@ -84,6 +84,31 @@ impl GenConfig {
         }
     }
 
+    /// Logs of `job` (its dp, pp, tp, stage layers, micro-batches, schedule; the workload and
+    /// costs of its `[resilience]` settings) with `episodes` faults from `seed`.
+    pub fn from_job(
+        job: &prism_core::job::Job,
+        settings: &crate::scenario::ResilienceSettings,
+        episodes: u32,
+        seed: u64,
+    ) -> Self {
+        let schedule = match job.parallel.schedule {
+            Schedule::GPipe => Schedule::GPipe,
+            _ => Schedule::OneFOneB,
+        };
+        GenConfig {
+            replicas: job.parallel.dp,
+            stage_layers: job.stage_layers(),
+            tp: job.parallel.tp,
+            micro_batches: job.micro_batches() as u32,
+            schedule,
+            cost: LayerCost::from_job(job, settings.state_bytes_per_param),
+            workload: settings.workload(job),
+            seed,
+            ..GenConfig::small(LayerCost::from_job(job, settings.state_bytes_per_param), episodes)
+        }
+    }
+
     /// The name of unit (replica `r`, stage `s`).
     pub fn unit(r: u32, s: u32) -> String {
         format!("dp{r}.pp{s}")
