@@ -308,16 +308,21 @@ struct Hang {
     factor: f64,
     min_s: f64,
     hung: bool,
+    /// The last record end before the hang.
+    since: f64,
+    /// The latest record end seen.
+    last: Option<f64>,
 }
 
 impl Hang {
-    fn check(&mut self, now: f64, last_end: Option<f64>, median: Option<f64>, out: &mut Vec<Episode>) {
-        let (Some(last), Some(med)) = (last_end, median) else {
+    fn check(&mut self, now: f64, median: Option<f64>, out: &mut Vec<Episode>) {
+        let (Some(last), Some(med)) = (self.last, median) else {
             return;
         };
         let limit = (self.factor * med).max(self.min_s);
         if !self.hung && now - last > limit {
             self.hung = true;
+            self.since = last;
             out.push(Episode {
                 kind: FaultKind::FailStop,
                 unit: None,
@@ -328,13 +333,17 @@ impl Hang {
         }
     }
 
-    fn progress(&mut self, at: f64, out: &mut [Episode]) {
-        if self.hung {
+    /// A record ending at `end`; true when it ends a hang (the job is back).
+    fn record(&mut self, end: f64, out: &mut [Episode]) -> bool {
+        self.last = Some(self.last.map_or(end, |l| l.max(end)));
+        if self.hung && end > self.since {
             self.hung = false;
             if let Some(e) = out.iter_mut().rev().find(|e| e.kind == FaultKind::FailStop) {
-                e.end_s = Some(at);
+                e.end_s = Some(end);
             }
+            return true;
         }
+        false
     }
 }
 
@@ -377,6 +386,8 @@ impl ThresholdDetector {
                 factor: cfg.hang_factor,
                 min_s: cfg.heartbeat_timeout_s,
                 hung: false,
+                since: f64::NEG_INFINITY,
+                last: None,
             },
             out: Vec::new(),
         }
@@ -390,14 +401,14 @@ impl Detector for ThresholdDetector {
 
     fn push(&mut self, ev: &LogEvent) {
         self.now = self.now.max(ev.time());
-        self.hang.check(self.now, self.last_end, self.base, &mut self.out);
+        self.hang.check(self.now, self.base, &mut self.out);
         let LogEvent::Step(r) = ev else { return };
+        self.hang.record(r.end_s, &mut self.out);
         let Some((end, period)) = self.periods.push(r) else {
             return;
         };
         let start = self.last_end.unwrap_or(end - period);
         self.last_end = Some(end);
-        self.hang.progress(end, &mut self.out);
         let Some(base) = self.base else {
             self.warm.push(period);
             if self.warm.len() >= self.cfg.warmup as usize {
@@ -435,7 +446,7 @@ impl Detector for ThresholdDetector {
     }
 
     fn finish(&mut self, end_s: f64) -> Vec<Episode> {
-        self.hang.check(end_s.max(self.now), self.last_end, self.base, &mut self.out);
+        self.hang.check(end_s.max(self.now), self.base, &mut self.out);
         let mut out = std::mem::take(&mut self.out);
         out.sort_by(|a, b| a.detected_at_s.total_cmp(&b.detected_at_s));
         out
@@ -590,6 +601,8 @@ impl GreyhoundDetector {
                 factor: cfg.hang_factor,
                 min_s: cfg.heartbeat_timeout_s,
                 hung: false,
+                since: f64::NEG_INFINITY,
+                last: None,
             },
             out: Vec::new(),
             ends: Vec::new(),
@@ -605,19 +618,18 @@ impl Detector for GreyhoundDetector {
 
     fn push(&mut self, ev: &LogEvent) {
         self.now = self.now.max(ev.time());
-        self.hang.check(self.now, self.last_end, self.base, &mut self.out);
+        self.hang.check(self.now, self.base, &mut self.out);
         let LogEvent::Step(r) = ev else { return };
+        if self.hang.record(r.end_s, &mut self.out) {
+            // A restart: the series starts over.
+            self.cpd.reset();
+            self.seg.clear();
+            self.seg_start = r.end_s;
+        }
         let Some((end, period)) = self.periods.push(r) else {
             return;
         };
         self.last_end = Some(end);
-        if self.hang.hung {
-            // A restart: the series starts over.
-            self.cpd.reset();
-            self.seg.clear();
-            self.seg_start = end;
-        }
-        self.hang.progress(end, &mut self.out);
         self.ends.push(end - period);
         let Some(base) = self.base else {
             self.warm.push(period);
@@ -649,7 +661,7 @@ impl Detector for GreyhoundDetector {
     }
 
     fn finish(&mut self, end_s: f64) -> Vec<Episode> {
-        self.hang.check(end_s.max(self.now), self.last_end, self.base, &mut self.out);
+        self.hang.check(end_s.max(self.now), self.base, &mut self.out);
         let mut out = std::mem::take(&mut self.out);
         out.sort_by(|a, b| a.detected_at_s.total_cmp(&b.detected_at_s));
         out
