@@ -58,65 +58,88 @@ pub fn run(a: &DetectArgs) -> Result<()> {
     if a.confirm == 0 || !(a.heartbeat_timeout.is_finite() && a.heartbeat_timeout > 0.0) {
         bail!("--confirm and --heartbeat-timeout must be positive");
     }
-    let (events, truth, origin): (Vec<LogEvent>, Option<Vec<Episode>>, String) =
-        match (&a.generate, &a.log) {
-            (Some(dir), None) => {
-                let Some(job_path) = &a.job else {
-                    bail!("--generate needs --job FILE (the job whose layout and workload the log follows)");
-                };
-                let loaded = prism_io::jobfile::load_job_file(job_path, &a.sets)?;
-                let cfg = GenConfig::from_job(&loaded.job, &loaded.resilience, a.episodes, a.seed);
-                let g = generate(&cfg, &loaded.job.cluster)
-                    .map_err(|e| anyhow::anyhow!("cannot generate: {e}"))?;
-                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-                let log = dir.join("log.csv");
-                let tr = dir.join("truth.csv");
-                std::fs::write(&log, prism_io::resilience::write_log(&g.events))
-                    .with_context(|| format!("cannot write {}", log.display()))?;
-                std::fs::write(&tr, prism_io::resilience::write_truth(&g.truth))
-                    .with_context(|| format!("cannot write {}", tr.display()))?;
-                if !a.json {
-                    println!(
-                        "wrote {} ({} iterations, {} events, {:.1} h) and {} ({} episodes)",
-                        log.display(),
-                        g.iterations,
-                        g.events.len(),
-                        g.duration_s / 3600.0,
-                        tr.display(),
-                        g.truth.len()
-                    );
+    let (events, truth, origin): (Vec<LogEvent>, Option<Vec<Episode>>, String) = match (
+        &a.generate,
+        &a.log,
+    ) {
+        (Some(dir), None) => {
+            let Some(job_path) = &a.job else {
+                bail!(
+                    "--generate needs --job FILE (the job whose layout and workload the log follows)"
+                );
+            };
+            let loaded = prism_io::jobfile::load_job_file(job_path, &a.sets)?;
+            let cfg = GenConfig::from_job(&loaded.job, &loaded.resilience, a.episodes, a.seed);
+            let g = generate(&cfg, &loaded.job.cluster)
+                .map_err(|e| anyhow::anyhow!("cannot generate: {e}"))?;
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let log = dir.join("log.csv");
+            let tr = dir.join("truth.csv");
+            std::fs::write(&log, prism_io::resilience::write_log(&g.events))
+                .with_context(|| format!("cannot write {}", log.display()))?;
+            std::fs::write(&tr, prism_io::resilience::write_truth(&g.truth))
+                .with_context(|| format!("cannot write {}", tr.display()))?;
+            if !a.json {
+                println!(
+                    "wrote {} ({} iterations, {} events, {:.1} h) and {} ({} episodes)",
+                    log.display(),
+                    g.iterations,
+                    g.events.len(),
+                    g.duration_s / 3600.0,
+                    tr.display(),
+                    g.truth.len()
+                );
+            }
+            (g.events, Some(g.truth), log.display().to_string())
+        }
+        (None, Some(path)) => {
+            let text = prism_io::resilience::read_file(path)?;
+            let origin = path.display().to_string();
+            let events = prism_io::resilience::parse_log(&text, &origin)?;
+            let truth = match &a.truth {
+                Some(t) => {
+                    let tt = prism_io::resilience::read_file(t)?;
+                    Some(prism_io::resilience::parse_truth(
+                        &tt,
+                        &t.display().to_string(),
+                    )?)
                 }
-                (g.events, Some(g.truth), log.display().to_string())
-            }
-            (None, Some(path)) => {
-                let text = prism_io::resilience::read_file(path)?;
-                let origin = path.display().to_string();
-                let events = prism_io::resilience::parse_log(&text, &origin)?;
-                let truth = match &a.truth {
-                    Some(t) => {
-                        let tt = prism_io::resilience::read_file(t)?;
-                        Some(prism_io::resilience::parse_truth(&tt, &t.display().to_string())?)
-                    }
-                    None => None,
-                };
-                (events, truth, origin)
-            }
-            (Some(_), Some(_)) => bail!("give either a LOG or --generate DIR, not both"),
-            (None, None) => bail!("give a LOG to read, or --generate DIR --job FILE"),
-        };
+                None => None,
+            };
+            (events, truth, origin)
+        }
+        (Some(_), Some(_)) => bail!("give either a LOG or --generate DIR, not both"),
+        (None, None) => bail!("give a LOG to read, or --generate DIR --job FILE"),
+    };
     let cfg = DetectorConfig {
         ratio: a.ratio,
         confirm: a.confirm,
         heartbeat_timeout_s: a.heartbeat_timeout,
         ..DetectorConfig::default()
     };
-    let start = events.iter().map(|e| e.time()).fold(f64::INFINITY, f64::min);
+    let start = events
+        .iter()
+        .map(|e| e.time())
+        .fold(f64::INFINITY, f64::min);
     let end = events.iter().map(|e| e.time()).fold(0.0, f64::max);
     let duration = (end - start.min(end)).max(1e-9);
     let runs: Vec<(&str, bool, Vec<Episode>)> = vec![
-        ("resihp", true, run_detector(&mut ResihpDetector::new(cfg), &events)),
-        ("threshold", false, run_detector(&mut ThresholdDetector::new(cfg), &events)),
-        ("greyhound", false, run_detector(&mut GreyhoundDetector::new(cfg), &events)),
+        (
+            "resihp",
+            true,
+            run_detector(&mut ResihpDetector::new(cfg), &events),
+        ),
+        (
+            "threshold",
+            false,
+            run_detector(&mut ThresholdDetector::new(cfg), &events),
+        ),
+        (
+            "greyhound",
+            false,
+            run_detector(&mut GreyhoundDetector::new(cfg), &events),
+        ),
     ];
     let scored = |found: &[Episode], localised: bool| {
         truth.as_ref().map(|t| {
@@ -146,7 +169,10 @@ pub fn run(a: &DetectArgs) -> Result<()> {
         duration / 3600.0
     );
     for (name, loc, found) in &runs {
-        let slow = found.iter().filter(|e| e.kind == FaultKind::FailSlow).count();
+        let slow = found
+            .iter()
+            .filter(|e| e.kind == FaultKind::FailSlow)
+            .count();
         let stop = found.len() - slow;
         println!(
             "  {name:<10} {slow} fail-slow, {stop} fail-stop episodes{}",
@@ -162,7 +188,9 @@ pub fn run(a: &DetectArgs) -> Result<()> {
                     e.kind.name(),
                     e.unit.as_deref().unwrap_or("-"),
                     e.start_s,
-                    e.end_s.map(|x| format!("{x:.1} s")).unwrap_or("open".into()),
+                    e.end_s
+                        .map(|x| format!("{x:.1} s"))
+                        .unwrap_or("open".into()),
                     e.detected_at_s
                 );
             }
@@ -174,7 +202,16 @@ pub fn run(a: &DetectArgs) -> Result<()> {
     }
     println!(
         "  {:<10} {:<9} {:>8} {:>9} {:>7} {:>7} {:>7} {:>10} {:>10} {:>10}",
-        "detector", "kind", "episodes", "detected", "prec", "recall", "F1", "FA/day", "delay s", "max s"
+        "detector",
+        "kind",
+        "episodes",
+        "detected",
+        "prec",
+        "recall",
+        "F1",
+        "FA/day",
+        "delay s",
+        "max s"
     );
     for (name, loc, found) in &runs {
         for s in scored(found, *loc).expect("truth given") {

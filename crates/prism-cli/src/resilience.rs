@@ -74,7 +74,11 @@ pub fn run(a: &ResilienceArgs) -> Result<()> {
             t.tokens,
             t.mean_tokens_per_s,
             100.0 * t.goodput,
-            if t.tokens > 0.0 { resihp / t.tokens } else { f64::INFINITY },
+            if t.tokens > 0.0 {
+                resihp / t.tokens
+            } else {
+                f64::INFINITY
+            },
             t.reconfigurations,
             t.paused_s
         );

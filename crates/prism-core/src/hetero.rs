@@ -220,16 +220,16 @@ pub struct HeteroResult {
 /// Forward seconds of `mb` on `stage` (see the module docs); ignores failures.
 pub fn forward_s(stage: &Stage, mb: &MicroBatch, cost: &LayerCost, cluster: &Cluster) -> f64 {
     let k = stage.tp().max(1) as f64;
-    let compute = (cost.token_s * mb.tokens as f64 + cost.sq_s * mb.sum_sq_len as f64)
-        / (k * stage.speed());
+    let compute =
+        (cost.token_s * mb.tokens as f64 + cost.sq_s * mb.sum_sq_len as f64) / (k * stage.speed());
     stage.layers as f64 * (compute + tp_comm_s(stage.tp(), mb.tokens, cost, cluster))
 }
 
 /// Backward seconds of `mb` on `stage`.
 pub fn backward_s(stage: &Stage, mb: &MicroBatch, cost: &LayerCost, cluster: &Cluster) -> f64 {
     let k = stage.tp().max(1) as f64;
-    let compute = (cost.token_s * mb.tokens as f64 + cost.sq_s * mb.sum_sq_len as f64)
-        / (k * stage.speed());
+    let compute =
+        (cost.token_s * mb.tokens as f64 + cost.sq_s * mb.sum_sq_len as f64) / (k * stage.speed());
     stage.layers as f64
         * (cost.backward_factor * compute + tp_comm_s(stage.tp(), mb.tokens, cost, cluster))
 }
@@ -369,7 +369,12 @@ pub fn build_graph(p: &HeteroPipeline, cluster: &Cluster) -> (ExecutionGraph, Cl
                     } else {
                         (-1, 2 * i + 1)
                     };
-                    prog.push(OpKind::Send { delta, bytes, slot }, Stream::PpSend, tag, &[c]);
+                    prog.push(
+                        OpKind::Send { delta, bytes, slot },
+                        Stream::PpSend,
+                        tag,
+                        &[c],
+                    );
                 }
             }
             prog.recv_slots = 2 * m;
@@ -536,7 +541,11 @@ mod tests {
                     let st = orders[s][pos[s]];
                     let i = st.micro_batch as usize;
                     let ready = if st.forward {
-                        if s == 0 { Some(0.0) } else { Some(fe[s - 1][i]) }
+                        if s == 0 {
+                            Some(0.0)
+                        } else {
+                            Some(fe[s - 1][i])
+                        }
                     } else if s + 1 == p {
                         Some(fe[s][i])
                     } else {
@@ -587,7 +596,9 @@ mod tests {
         let cl = h100_cluster(1);
         let tf: Vec<f64> = stages.iter().map(|s| forward_s(s, &mb, &c, &cl)).collect();
         let tb: Vec<f64> = stages.iter().map(|s| backward_s(s, &mb, &c, &cl)).collect();
-        let flow = |t: &[f64]| t.iter().sum::<f64>() + (m - 1) as f64 * t.iter().cloned().fold(0.0, f64::max);
+        let flow = |t: &[f64]| {
+            t.iter().sum::<f64>() + (m - 1) as f64 * t.iter().cloned().fold(0.0, f64::max)
+        };
         let want = flow(&tf) + flow(&tb);
         let got = run(&p);
         assert!((got - want).abs() < 1e-9 * want.max(1.0), "{got} vs {want}");
@@ -618,10 +629,15 @@ mod tests {
 
         // Unequal stages, variable micro-batches, both schedules.
         let stages = vec![stage(5, 2, 1.0), stage(2, 1, 1.0), stage(5, 4, 0.6)];
-        let mbs: Vec<MicroBatch> = [vec![512u64, 512], vec![2048], vec![100, 300, 600], vec![4096]]
-            .iter()
-            .map(|l| MicroBatch::packed(l))
-            .collect();
+        let mbs: Vec<MicroBatch> = [
+            vec![512u64, 512],
+            vec![2048],
+            vec![100, 300, 600],
+            vec![4096],
+        ]
+        .iter()
+        .map(|l| MicroBatch::packed(l))
+        .collect();
         for sched in [Schedule::GPipe, Schedule::OneFOneB] {
             let pipe = HeteroPipeline {
                 replicas: vec![Replica {
@@ -639,7 +655,10 @@ mod tests {
                 .collect();
             let want = max_plus(sched, &f, &b);
             let got = run(&pipe);
-            assert!((got - want).abs() < 1e-9 * want, "{sched:?}: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 1e-9 * want,
+                "{sched:?}: {got} vs {want}"
+            );
         }
     }
 
@@ -682,7 +701,10 @@ mod tests {
         assert_eq!(r.replica_end_s.len(), 3);
         assert!(r.replica_end_s[1] > r.replica_end_s[0]);
         assert!(r.replica_end_s[2] > r.replica_end_s[0]);
-        assert_eq!(r.iteration_s, r.replica_end_s.iter().cloned().fold(0.0, f64::max));
+        assert_eq!(
+            r.iteration_s,
+            r.replica_end_s.iter().cloned().fold(0.0, f64::max)
+        );
         assert_eq!(r.tokens, 14_000);
         let mut bad = p.clone();
         bad.replicas[1].stages[1].devices[0].failed = true;

@@ -25,10 +25,10 @@ use prism_core::job::{
     RankOrder, Recompute, Schedule, Stack, Topology, Training,
 };
 use prism_core::pipeline_layout::PipelineLayout;
-use prism_resilience::scenario::ResilienceSettings;
 use prism_predict::variability::{
     CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
 };
+use prism_resilience::scenario::ResilienceSettings;
 use toml::de::{DeTable, DeValue};
 
 use crate::files::read_limited;
@@ -382,9 +382,9 @@ const RESILIENCE_FIELDS: &[Field] = &[
     fld("seq_len_median", Ty::F64),
     fld("seq_len_sigma", Ty::F64),
     fld("state_bytes_per_param", Ty::U64),
-    fld("restart_s", Ty::F64),
+    fld("reconfig_restart_s", Ty::F64),
     fld("checkpoint_restart_s", Ty::F64),
-    fld("checkpoint_interval_s", Ty::F64),
+    fld("checkpoint_period_s", Ty::F64),
     fld("stage_tp", Ty::Str),
     fld("memory_fraction", Ty::F64),
 ];
@@ -1586,13 +1586,17 @@ fn build_resilience(
     const POS: &str = "must be a positive finite number";
     const NONNEG: &str = "must be a finite number >= 0";
     let d = ResilienceSettings::default();
-    let state = g.u64("state_bytes_per_param")?.unwrap_or(d.state_bytes_per_param);
+    let state = g
+        .u64("state_bytes_per_param")?
+        .unwrap_or(d.state_bytes_per_param);
     if !(1..=64).contains(&state) {
         let e = g.entry("state_bytes_per_param").expect("given");
         return Err(ctx.at_value(
             &e.src,
             "resilience.state_bytes_per_param",
-            format!("must be in 1..=64 bytes per parameter (got {state}; mixed-precision Adam: 16)"),
+            format!(
+                "must be in 1..=64 bytes per parameter (got {state}; mixed-precision Adam: 16)"
+            ),
         ));
     }
     let stage_tp = match g.str("stage_tp")? {
@@ -1603,9 +1607,16 @@ fn build_resilience(
             let mut v = Vec::new();
             for (i, part) in text.split(',').enumerate() {
                 let k: u32 = part.trim().parse().map_err(|_| {
-                    at(format!("element {i} (\"{}\") is not a positive integer; write e.g. \"8,4,8,8\"", part.trim()))
+                    at(format!(
+                        "element {i} (\"{}\") is not a positive integer; write e.g. \"8,4,8,8\"",
+                        part.trim()
+                    ))
                 })?;
-                if k == 0 || !k.is_power_of_two() || k > cluster.gpus_per_node || model.heads % k != 0 {
+                if k == 0
+                    || !k.is_power_of_two()
+                    || k > cluster.gpus_per_node
+                    || !model.heads.is_multiple_of(k)
+                {
                     return Err(at(format!(
                         "element {i} ({k}) must be a power of two that divides the heads ({}) and is at most the GPUs per node ({})",
                         model.heads, cluster.gpus_per_node
@@ -1624,14 +1635,40 @@ fn build_resilience(
         }
     };
     Ok(ResilienceSettings {
-        seq_len_median: g.f64_where("seq_len_median", |x| x.is_finite() && x >= 1.0, "must be a finite number >= 1 (tokens)")?,
-        seq_len_sigma: g.f64_where("seq_len_sigma", |x| x.is_finite() && (0.0..=5.0).contains(&x), "must be in [0, 5]")?.unwrap_or(d.seq_len_sigma),
+        seq_len_median: g.f64_where(
+            "seq_len_median",
+            |x| x.is_finite() && x >= 1.0,
+            "must be a finite number >= 1 (tokens)",
+        )?,
+        seq_len_sigma: g
+            .f64_where(
+                "seq_len_sigma",
+                |x| x.is_finite() && (0.0..=5.0).contains(&x),
+                "must be in [0, 5]",
+            )?
+            .unwrap_or(d.seq_len_sigma),
         state_bytes_per_param: state,
-        restart_s: g.f64_where("restart_s", |x| x.is_finite() && x >= 0.0, NONNEG)?.unwrap_or(d.restart_s),
-        checkpoint_restart_s: g.f64_where("checkpoint_restart_s", |x| x.is_finite() && x >= 0.0, NONNEG)?.unwrap_or(d.checkpoint_restart_s),
-        checkpoint_interval_s: g.f64_where("checkpoint_interval_s", |x| x.is_finite() && x > 0.0, POS)?.unwrap_or(d.checkpoint_interval_s),
+        restart_s: g
+            .f64_where("reconfig_restart_s", |x| x.is_finite() && x >= 0.0, NONNEG)?
+            .unwrap_or(d.restart_s),
+        checkpoint_restart_s: g
+            .f64_where(
+                "checkpoint_restart_s",
+                |x| x.is_finite() && x >= 0.0,
+                NONNEG,
+            )?
+            .unwrap_or(d.checkpoint_restart_s),
+        checkpoint_interval_s: g
+            .f64_where("checkpoint_period_s", |x| x.is_finite() && x > 0.0, POS)?
+            .unwrap_or(d.checkpoint_interval_s),
         stage_tp,
-        memory_fraction: g.f64_where("memory_fraction", |x| x > 0.0 && x <= 1.0, "must be a fraction in (0, 1]")?.unwrap_or(d.memory_fraction),
+        memory_fraction: g
+            .f64_where(
+                "memory_fraction",
+                |x| x > 0.0 && x <= 1.0,
+                "must be a fraction in (0, 1]",
+            )?
+            .unwrap_or(d.memory_fraction),
     })
 }
 

@@ -51,7 +51,12 @@ pub const MAX_LOG_BYTES: u64 = 4 << 30;
 /// Reads a log, truth or scenario file (a regular UTF-8 file of at most [`MAX_LOG_BYTES`]).
 pub fn read_file(path: &std::path::Path) -> Result<String, FormatError> {
     let origin = path.display().to_string();
-    let whole = |rule: String| FormatError { origin: origin.clone(), line: None, key: None, rule };
+    let whole = |rule: String| FormatError {
+        origin: origin.clone(),
+        line: None,
+        key: None,
+        rule,
+    };
     let meta = std::fs::metadata(path).map_err(|e| whole(format!("cannot read: {e}")))?;
     if !meta.is_file() {
         return Err(whole("not a regular file".into()));
@@ -72,19 +77,33 @@ fn err(origin: &str, line: usize, key: Option<&str>, rule: impl Into<String>) ->
 }
 
 fn num(origin: &str, line: usize, key: &str, s: &str) -> Result<f64, FormatError> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| err(origin, line, Some(key), format!("expected a number, found \"{s}\"")))?;
+    let v: f64 = s.trim().parse().map_err(|_| {
+        err(
+            origin,
+            line,
+            Some(key),
+            format!("expected a number, found \"{s}\""),
+        )
+    })?;
     if !v.is_finite() || v < 0.0 {
-        return Err(err(origin, line, Some(key), format!("must be a finite number >= 0 (got {s})")));
+        return Err(err(
+            origin,
+            line,
+            Some(key),
+            format!("must be a finite number >= 0 (got {s})"),
+        ));
     }
     Ok(v)
 }
 
 fn int(origin: &str, line: usize, key: &str, s: &str) -> Result<u64, FormatError> {
     s.trim().parse().map_err(|_| {
-        err(origin, line, Some(key), format!("expected a non-negative integer, found \"{s}\""))
+        err(
+            origin,
+            line,
+            Some(key),
+            format!("expected a non-negative integer, found \"{s}\""),
+        )
     })
 }
 
@@ -126,7 +145,15 @@ fn parse_csv_log(text: &str, origin: &str) -> Result<Vec<LogEvent>, FormatError>
         }
         let f: Vec<&str> = l.split(',').collect();
         if f.len() != 8 {
-            return Err(err(origin, line, None, format!("expected 8 comma-separated fields ({LOG_HEADER}), found {}", f.len())));
+            return Err(err(
+                origin,
+                line,
+                None,
+                format!(
+                    "expected 8 comma-separated fields ({LOG_HEADER}), found {}",
+                    f.len()
+                ),
+            ));
         }
         let unit = f[2].trim();
         if unit.is_empty() {
@@ -135,47 +162,102 @@ fn parse_csv_log(text: &str, origin: &str) -> Result<Vec<LogEvent>, FormatError>
         match f[0].trim() {
             "heartbeat" => {
                 let t = num(origin, line, "start_s", f[3])?;
-                out.push(LogEvent::Heartbeat { unit: unit.into(), time_s: t });
+                out.push(LogEvent::Heartbeat {
+                    unit: unit.into(),
+                    time_s: t,
+                });
             }
             "step" => {
                 let iteration = int(origin, line, "iteration", f[1])?;
                 let start_s = num(origin, line, "start_s", f[3])?;
                 let end_s = num(origin, line, "end_s", f[4])?;
                 if end_s < start_s {
-                    return Err(err(origin, line, Some("end_s"), format!("ends ({end_s}) before it starts ({start_s})")));
+                    return Err(err(
+                        origin,
+                        line,
+                        Some("end_s"),
+                        format!("ends ({end_s}) before it starts ({start_s})"),
+                    ));
                 }
                 let busy_s = if f[5].trim().is_empty() {
                     None
                 } else {
                     let b = num(origin, line, "busy_s", f[5])?;
                     if b > end_s - start_s + 1e-9 * end_s.max(1.0) {
-                        return Err(err(origin, line, Some("busy_s"), format!("busy time {b} exceeds the window end_s - start_s = {}", end_s - start_s)));
+                        return Err(err(
+                            origin,
+                            line,
+                            Some("busy_s"),
+                            format!(
+                                "busy time {b} exceeds the window end_s - start_s = {}",
+                                end_s - start_s
+                            ),
+                        ));
                     }
                     Some(b)
                 };
                 let tokens = int(origin, line, "tokens", f[6])?;
                 let sum_sq_len = int(origin, line, "sum_sq_len", f[7])?;
                 if tokens == 0 {
-                    return Err(err(origin, line, Some("tokens"), "a step processes at least one token"));
+                    return Err(err(
+                        origin,
+                        line,
+                        Some("tokens"),
+                        "a step processes at least one token",
+                    ));
                 }
-                if sum_sq_len != 0 && (sum_sq_len < tokens || sum_sq_len as u128 > tokens as u128 * tokens as u128) {
-                    return Err(err(origin, line, Some("sum_sq_len"), format!("must lie between tokens ({tokens}, all sequences of length 1) and tokens^2 (one sequence), or be 0 (unknown); got {sum_sq_len}")));
+                if sum_sq_len != 0
+                    && (sum_sq_len < tokens || sum_sq_len as u128 > tokens as u128 * tokens as u128)
+                {
+                    return Err(err(
+                        origin,
+                        line,
+                        Some("sum_sq_len"),
+                        format!(
+                            "must lie between tokens ({tokens}, all sequences of length 1) and tokens^2 (one sequence), or be 0 (unknown); got {sum_sq_len}"
+                        ),
+                    ));
                 }
                 if let Some(&prev) = last_iter.get(unit)
                     && iteration <= prev
                 {
-                    return Err(err(origin, line, Some("iteration"), format!("iteration {iteration} of unit {unit} does not follow its iteration {prev} (one record per unit per iteration, in order)")));
+                    return Err(err(
+                        origin,
+                        line,
+                        Some("iteration"),
+                        format!(
+                            "iteration {iteration} of unit {unit} does not follow its iteration {prev} (one record per unit per iteration, in order)"
+                        ),
+                    ));
                 }
                 last_iter.insert(unit.to_string(), iteration);
-                out.push(LogEvent::Step(StepRecord { iteration, unit: unit.into(), start_s, end_s, busy_s, tokens, sum_sq_len }));
+                out.push(LogEvent::Step(StepRecord {
+                    iteration,
+                    unit: unit.into(),
+                    start_s,
+                    end_s,
+                    busy_s,
+                    tokens,
+                    sum_sq_len,
+                }));
             }
             other => {
-                return Err(err(origin, line, Some("kind"), format!("must be \"step\" or \"heartbeat\" (got \"{other}\")")));
+                return Err(err(
+                    origin,
+                    line,
+                    Some("kind"),
+                    format!("must be \"step\" or \"heartbeat\" (got \"{other}\")"),
+                ));
             }
         }
     }
     if out.is_empty() {
-        return Err(FormatError { origin: origin.into(), line: None, key: None, rule: "the log holds no records".into() });
+        return Err(FormatError {
+            origin: origin.into(),
+            line: None,
+            key: None,
+            rule: "the log holds no records".into(),
+        });
     }
     Ok(out)
 }
@@ -200,12 +282,22 @@ fn parse_megatron(text: &str, origin: &str) -> Result<Vec<LogEvent>, FormatError
         let iteration = int(origin, line, "iteration", it_num)?;
         let ms = num(origin, line, "elapsed time per iteration (ms)", ms)?;
         if ms <= 0.0 {
-            return Err(err(origin, line, Some("elapsed time per iteration (ms)"), "must be positive"));
+            return Err(err(
+                origin,
+                line,
+                Some("elapsed time per iteration (ms)"),
+                "must be positive",
+            ));
         }
         if let Some(p) = prev
             && iteration <= p
         {
-            return Err(err(origin, line, Some("iteration"), format!("iteration {iteration} does not follow iteration {p}")));
+            return Err(err(
+                origin,
+                line,
+                Some("iteration"),
+                format!("iteration {iteration} does not follow iteration {p}"),
+            ));
         }
         prev = Some(iteration);
         let gbs = match field_after(l, "global batch size:") {
@@ -214,10 +306,23 @@ fn parse_megatron(text: &str, origin: &str) -> Result<Vec<LogEvent>, FormatError
         };
         let start = t;
         t += ms / 1e3;
-        out.push(LogEvent::Step(StepRecord { iteration, unit: "job".into(), start_s: start, end_s: t, busy_s: None, tokens: gbs, sum_sq_len: 0 }));
+        out.push(LogEvent::Step(StepRecord {
+            iteration,
+            unit: "job".into(),
+            start_s: start,
+            end_s: t,
+            busy_s: None,
+            tokens: gbs,
+            sum_sq_len: 0,
+        }));
     }
     if out.is_empty() {
-        return Err(FormatError { origin: origin.into(), line: None, key: None, rule: "no Megatron-LM iteration line".into() });
+        return Err(FormatError {
+            origin: origin.into(),
+            line: None,
+            key: None,
+            rule: "no Megatron-LM iteration line".into(),
+        });
     }
     Ok(out)
 }
@@ -280,28 +385,65 @@ pub fn parse_truth(text: &str, origin: &str) -> Result<Vec<Episode>, FormatError
         }
         if !header {
             if l != TRUTH_HEADER {
-                return Err(err(origin, line, None, format!("the first line must be the header `{TRUTH_HEADER}`")));
+                return Err(err(
+                    origin,
+                    line,
+                    None,
+                    format!("the first line must be the header `{TRUTH_HEADER}`"),
+                ));
             }
             header = true;
             continue;
         }
         let f: Vec<&str> = l.split(',').collect();
         if f.len() != 4 {
-            return Err(err(origin, line, None, format!("expected 4 fields ({TRUTH_HEADER}), found {}", f.len())));
+            return Err(err(
+                origin,
+                line,
+                None,
+                format!("expected 4 fields ({TRUTH_HEADER}), found {}", f.len()),
+            ));
         }
-        let kind = kind_of(f[0]).ok_or_else(|| err(origin, line, Some("kind"), format!("must be \"fail-slow\" or \"fail-stop\" (got \"{}\")", f[0])))?;
+        let kind = kind_of(f[0]).ok_or_else(|| {
+            err(
+                origin,
+                line,
+                Some("kind"),
+                format!("must be \"fail-slow\" or \"fail-stop\" (got \"{}\")", f[0]),
+            )
+        })?;
         let start = num(origin, line, "start_s", f[2])?;
-        let end = if f[3].trim().is_empty() { None } else { Some(num(origin, line, "end_s", f[3])?) };
+        let end = if f[3].trim().is_empty() {
+            None
+        } else {
+            Some(num(origin, line, "end_s", f[3])?)
+        };
         if let Some(e) = end
             && e < start
         {
-            return Err(err(origin, line, Some("end_s"), format!("ends ({e}) before it starts ({start})")));
+            return Err(err(
+                origin,
+                line,
+                Some("end_s"),
+                format!("ends ({e}) before it starts ({start})"),
+            ));
         }
         let unit = f[1].trim();
-        out.push(Episode { kind, unit: (!unit.is_empty()).then(|| unit.to_string()), start_s: start, end_s: end, detected_at_s: start });
+        out.push(Episode {
+            kind,
+            unit: (!unit.is_empty()).then(|| unit.to_string()),
+            start_s: start,
+            end_s: end,
+            detected_at_s: start,
+        });
     }
     if !header {
-        return Err(FormatError { origin: origin.into(), line: None, key: None, rule: format!("empty; expected the header `{TRUTH_HEADER}`") });
+        return Err(FormatError {
+            origin: origin.into(),
+            line: None,
+            key: None,
+            rule: format!("empty; expected the header `{TRUTH_HEADER}`"),
+        });
     }
     Ok(out)
 }
@@ -309,16 +451,28 @@ pub fn parse_truth(text: &str, origin: &str) -> Result<Vec<Episode>, FormatError
 /// Reads a scenario (TOML; `docs/resilience.md`).
 pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, FormatError> {
     let table: toml::Table = toml::from_str(text).map_err(|e| {
-        let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
-        FormatError { origin: origin.into(), line, key: None, rule: format!("not valid TOML: {}", e.message()) }
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+        FormatError {
+            origin: origin.into(),
+            line,
+            key: None,
+            rule: format!("not valid TOML: {}", e.message()),
+        }
     })?;
     let lines: Vec<&str> = text.lines().collect();
     // Header lines of the [[fault]] blocks, in order.
-    let headers: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].trim() == "[[fault]]").collect();
+    let headers: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].trim() == "[[fault]]")
+        .collect();
     let key_line = |block: Option<usize>, key: &str| -> Option<usize> {
         let (lo, hi) = match block {
             None => (0, headers.first().copied().unwrap_or(lines.len())),
-            Some(k) => (headers.get(k).copied().unwrap_or(0), headers.get(k + 1).copied().unwrap_or(lines.len())),
+            Some(k) => (
+                headers.get(k).copied().unwrap_or(0),
+                headers.get(k + 1).copied().unwrap_or(lines.len()),
+            ),
         };
         (lo..hi)
             .find(|&i| {
@@ -337,18 +491,43 @@ pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, FormatError>
         }),
         rule,
     };
-    const TOP: &[&str] = &["name", "duration_h", "horizon_s", "detect_fail_slow_s", "detect_fail_stop_s", "fault"];
+    const TOP: &[&str] = &[
+        "name",
+        "duration_h",
+        "horizon_s",
+        "detect_fail_slow_s",
+        "detect_fail_stop_s",
+        "fault",
+    ];
     const FAULT: &[&str] = &["kind", "at_min", "device", "speed", "duration_min"];
     for k in table.keys() {
         if !TOP.contains(&k.as_str()) {
-            return Err(bad(None, k, format!("unknown key; expected one of {}", TOP.join(", "))));
+            return Err(bad(
+                None,
+                k,
+                format!("unknown key; expected one of {}", TOP.join(", ")),
+            ));
         }
     }
-    let get_f = |t: &toml::Table, block: Option<usize>, key: &str, ok: fn(f64) -> bool, rule: &str| -> Result<Option<f64>, FormatError> {
+    let get_f = |t: &toml::Table,
+                 block: Option<usize>,
+                 key: &str,
+                 ok: fn(f64) -> bool,
+                 rule: &str|
+     -> Result<Option<f64>, FormatError> {
         match t.get(key) {
             None => Ok(None),
             Some(v) => {
-                let x = v.as_float().or(v.as_integer().map(|i| i as f64)).ok_or_else(|| bad(block, key, format!("expected a number, found {}", v.type_str())))?;
+                let x = v
+                    .as_float()
+                    .or(v.as_integer().map(|i| i as f64))
+                    .ok_or_else(|| {
+                        bad(
+                            block,
+                            key,
+                            format!("expected a number, found {}", v.type_str()),
+                        )
+                    })?;
                 if !x.is_finite() || !ok(x) {
                     return Err(bad(block, key, format!("{rule} (got {x})")));
                 }
@@ -358,46 +537,158 @@ pub fn parse_scenario(text: &str, origin: &str) -> Result<Scenario, FormatError>
     };
     let name = match table.get("name") {
         None => "scenario".to_string(),
-        Some(v) => v.as_str().ok_or_else(|| bad(None, "name", format!("expected a string, found {}", v.type_str())))?.to_string(),
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| {
+                bad(
+                    None,
+                    "name",
+                    format!("expected a string, found {}", v.type_str()),
+                )
+            })?
+            .to_string(),
     };
-    let duration_h = get_f(&table, None, "duration_h", |x| x > 0.0 && x <= 24.0 * 365.0, "must be positive hours, at most a year")?
-        .ok_or_else(|| bad(None, "duration_h", "missing required key: the training time simulated, hours".into()))?;
-    let horizon_s = get_f(&table, None, "horizon_s", |x| x > 0.0, "must be positive")?.unwrap_or(1800.0);
-    let detect_fail_slow_s = get_f(&table, None, "detect_fail_slow_s", |x| x >= 0.0, "must be >= 0")?.unwrap_or(30.0);
-    let detect_fail_stop_s = get_f(&table, None, "detect_fail_stop_s", |x| x >= 0.0, "must be >= 0")?.unwrap_or(30.0);
+    let duration_h = get_f(
+        &table,
+        None,
+        "duration_h",
+        |x| x > 0.0 && x <= 24.0 * 365.0,
+        "must be positive hours, at most a year",
+    )?
+    .ok_or_else(|| {
+        bad(
+            None,
+            "duration_h",
+            "missing required key: the training time simulated, hours".into(),
+        )
+    })?;
+    let horizon_s =
+        get_f(&table, None, "horizon_s", |x| x > 0.0, "must be positive")?.unwrap_or(1800.0);
+    let detect_fail_slow_s = get_f(
+        &table,
+        None,
+        "detect_fail_slow_s",
+        |x| x >= 0.0,
+        "must be >= 0",
+    )?
+    .unwrap_or(30.0);
+    let detect_fail_stop_s = get_f(
+        &table,
+        None,
+        "detect_fail_stop_s",
+        |x| x >= 0.0,
+        "must be >= 0",
+    )?
+    .unwrap_or(30.0);
     let mut faults = Vec::new();
     if let Some(v) = table.get("fault") {
-        let arr = v.as_array().ok_or_else(|| bad(None, "fault", "must be an array of tables ([[fault]])".into()))?;
+        let arr = v.as_array().ok_or_else(|| {
+            bad(
+                None,
+                "fault",
+                "must be an array of tables ([[fault]])".into(),
+            )
+        })?;
         for (k, f) in arr.iter().enumerate() {
             let b = Some(k);
-            let t = f.as_table().ok_or_else(|| bad(b, "kind", "each fault must be a table".into()))?;
+            let t = f
+                .as_table()
+                .ok_or_else(|| bad(b, "kind", "each fault must be a table".into()))?;
             for key in t.keys() {
                 if !FAULT.contains(&key.as_str()) {
-                    return Err(bad(b, key, format!("unknown key; expected one of {}", FAULT.join(", "))));
+                    return Err(bad(
+                        b,
+                        key,
+                        format!("unknown key; expected one of {}", FAULT.join(", ")),
+                    ));
                 }
             }
-            let kind_s = t.get("kind").and_then(|v| v.as_str()).ok_or_else(|| bad(b, "kind", "missing or not a string: \"fail-slow\" or \"fail-stop\"".into()))?;
-            let kind = kind_of(kind_s).ok_or_else(|| bad(b, "kind", format!("must be \"fail-slow\" or \"fail-stop\" (got \"{kind_s}\")")))?;
-            let at_min = get_f(t, b, "at_min", |x| x >= 0.0, "must be >= 0")?.ok_or_else(|| bad(b, "at_min", "missing required key: onset, minutes from the start".into()))?;
+            let kind_s = t.get("kind").and_then(|v| v.as_str()).ok_or_else(|| {
+                bad(
+                    b,
+                    "kind",
+                    "missing or not a string: \"fail-slow\" or \"fail-stop\"".into(),
+                )
+            })?;
+            let kind = kind_of(kind_s).ok_or_else(|| {
+                bad(
+                    b,
+                    "kind",
+                    format!("must be \"fail-slow\" or \"fail-stop\" (got \"{kind_s}\")"),
+                )
+            })?;
+            let at_min = get_f(t, b, "at_min", |x| x >= 0.0, "must be >= 0")?.ok_or_else(|| {
+                bad(
+                    b,
+                    "at_min",
+                    "missing required key: onset, minutes from the start".into(),
+                )
+            })?;
             if at_min * 60.0 >= duration_h * 3600.0 {
-                return Err(bad(b, "at_min", format!("onset {at_min} min is after the scenario ends ({duration_h} h)")));
+                return Err(bad(
+                    b,
+                    "at_min",
+                    format!("onset {at_min} min is after the scenario ends ({duration_h} h)"),
+                ));
             }
             let device = match t.get("device") {
-                Some(v) => v.as_integer().filter(|&i| (0..=u32::MAX as i64).contains(&i)).ok_or_else(|| bad(b, "device", "must be a non-negative integer (global device id)".into()))? as u32,
-                None => return Err(bad(b, "device", "missing required key: the global device id".into())),
+                Some(v) => v
+                    .as_integer()
+                    .filter(|&i| (0..=u32::MAX as i64).contains(&i))
+                    .ok_or_else(|| {
+                        bad(
+                            b,
+                            "device",
+                            "must be a non-negative integer (global device id)".into(),
+                        )
+                    })? as u32,
+                None => {
+                    return Err(bad(
+                        b,
+                        "device",
+                        "missing required key: the global device id".into(),
+                    ));
+                }
             };
             let duration_min = get_f(t, b, "duration_min", |x| x > 0.0, "must be positive")?.ok_or_else(|| bad(b, "duration_min", "missing required key: how long the slowdown lasts / until the device is replaced, minutes".into()))?;
-            let speed = get_f(t, b, "speed", |x| x > 0.0 && x < 1.0, "must be in (0, 1): the slow device's speed relative to healthy")?;
+            let speed = get_f(
+                t,
+                b,
+                "speed",
+                |x| x > 0.0 && x < 1.0,
+                "must be in (0, 1): the slow device's speed relative to healthy",
+            )?;
             let speed = match (kind, speed) {
                 (FaultKind::FailSlow, Some(s)) => s,
-                (FaultKind::FailSlow, None) => return Err(bad(b, "speed", "missing required key for a fail-slow fault".into())),
-                (FaultKind::FailStop, Some(_)) => return Err(bad(b, "speed", "applies to fail-slow faults only".into())),
+                (FaultKind::FailSlow, None) => {
+                    return Err(bad(
+                        b,
+                        "speed",
+                        "missing required key for a fail-slow fault".into(),
+                    ));
+                }
+                (FaultKind::FailStop, Some(_)) => {
+                    return Err(bad(b, "speed", "applies to fail-slow faults only".into()));
+                }
                 (FaultKind::FailStop, None) => 1.0,
             };
-            faults.push(Fault { kind, at_s: at_min * 60.0, device, speed, duration_s: duration_min * 60.0 });
+            faults.push(Fault {
+                kind,
+                at_s: at_min * 60.0,
+                device,
+                speed,
+                duration_s: duration_min * 60.0,
+            });
         }
     }
-    Ok(Scenario { name, duration_s: duration_h * 3600.0, horizon_s, detect_fail_slow_s, detect_fail_stop_s, faults })
+    Ok(Scenario {
+        name,
+        duration_s: duration_h * 3600.0,
+        horizon_s,
+        detect_fail_slow_s,
+        detect_fail_stop_s,
+        faults,
+    })
 }
 
 /// JSON of one detector's score.
@@ -502,7 +793,11 @@ pub fn timeline_svg(title: &str, r: &ScenarioResult) -> Result<String, String> {
             chart
                 .draw_series(LineSeries::new(pts, c.stroke_width(width)))
                 .map_err(|e| e.to_string())?
-                .label(format!("{} (goodput {:.1}%)", t.strategy.name(), 100.0 * t.goodput))
+                .label(format!(
+                    "{} (goodput {:.1}%)",
+                    t.strategy.name(),
+                    100.0 * t.goodput
+                ))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], c.stroke_width(2)));
         }
         chart
@@ -535,13 +830,41 @@ mod tests {
         assert_eq!(parse_log(&write_log(&ev), "t.csv").unwrap(), ev);
         let cases = [
             (format!("{LOG_HEADER}\nstep,0,a,0,1,,10\n"), 2, "expected 8"),
-            (format!("{LOG_HEADER}\nstep,0,a,2,1,,10,100\n"), 2, "before it starts"),
-            (format!("{LOG_HEADER}\nstep,0,a,0,1,,10,5\n"), 2, "between tokens"),
-            (format!("{LOG_HEADER}\nstep,0,a,0,1,,10,100\nstep,0,a,1,2,,10,100\n"), 3, "does not follow"),
-            (format!("{LOG_HEADER}\nstep,x,a,0,1,,10,100\n"), 2, "non-negative integer"),
-            (format!("{LOG_HEADER}\nbeat,,a,0,,,,\n"), 2, "\"step\" or \"heartbeat\""),
-            (format!("{LOG_HEADER}\nstep,0,a,0,1,3,10,100\n"), 2, "exceeds the window"),
-            (format!("{LOG_HEADER}\nstep,0,a,0,nan,,10,100\n"), 2, "finite"),
+            (
+                format!("{LOG_HEADER}\nstep,0,a,2,1,,10,100\n"),
+                2,
+                "before it starts",
+            ),
+            (
+                format!("{LOG_HEADER}\nstep,0,a,0,1,,10,5\n"),
+                2,
+                "between tokens",
+            ),
+            (
+                format!("{LOG_HEADER}\nstep,0,a,0,1,,10,100\nstep,0,a,1,2,,10,100\n"),
+                3,
+                "does not follow",
+            ),
+            (
+                format!("{LOG_HEADER}\nstep,x,a,0,1,,10,100\n"),
+                2,
+                "non-negative integer",
+            ),
+            (
+                format!("{LOG_HEADER}\nbeat,,a,0,,,,\n"),
+                2,
+                "\"step\" or \"heartbeat\"",
+            ),
+            (
+                format!("{LOG_HEADER}\nstep,0,a,0,1,3,10,100\n"),
+                2,
+                "exceeds the window",
+            ),
+            (
+                format!("{LOG_HEADER}\nstep,0,a,0,nan,,10,100\n"),
+                2,
+                "finite",
+            ),
             ("hello\n".to_string(), 1, "not a timing log"),
         ];
         for (text, line, rule) in cases {
@@ -572,12 +895,36 @@ mod tests {
         assert_eq!(sc.faults[1].kind, FaultKind::FailStop);
         assert_eq!(sc.duration_s, 7200.0);
         let cases = [
-            (ok.replace("speed = 0.5", "speed = 1.5"), Some(8), "fault[1].speed"),
-            (ok.replace("device = 7\n", "device = 7\nspeed = 0.5\n"), Some(15), "fault[2].speed"),
-            (ok.replace("kind = \"fail-stop\"", "kind = \"crash\""), Some(12), "fault[2].kind"),
-            (ok.replace("at_min = 60", "at_min = 600"), Some(13), "fault[2].at_min"),
-            (ok.replace("duration_h = 2", "duration_h = 2\nhorizon = 5"), Some(3), "horizon"),
-            (ok.replace("device = 3", "device = -3"), Some(7), "fault[1].device"),
+            (
+                ok.replace("speed = 0.5", "speed = 1.5"),
+                Some(8),
+                "fault[1].speed",
+            ),
+            (
+                ok.replace("device = 7\n", "device = 7\nspeed = 0.5\n"),
+                Some(15),
+                "fault[2].speed",
+            ),
+            (
+                ok.replace("kind = \"fail-stop\"", "kind = \"crash\""),
+                Some(12),
+                "fault[2].kind",
+            ),
+            (
+                ok.replace("at_min = 60", "at_min = 600"),
+                Some(13),
+                "fault[2].at_min",
+            ),
+            (
+                ok.replace("duration_h = 2", "duration_h = 2\nhorizon = 5"),
+                Some(3),
+                "horizon",
+            ),
+            (
+                ok.replace("device = 3", "device = -3"),
+                Some(7),
+                "fault[1].device",
+            ),
             // A missing top-level key concerns the whole file.
             (ok.replace("duration_h = 2\n", ""), None, "duration_h"),
         ];
@@ -592,8 +939,19 @@ mod tests {
 
     #[test]
     fn truth_round_trip() {
-        let eps = vec![Episode { kind: FaultKind::FailStop, unit: Some("dp1.pp0".into()), start_s: 10.0, end_s: Some(20.0), detected_at_s: 10.0 }];
+        let eps = vec![Episode {
+            kind: FaultKind::FailStop,
+            unit: Some("dp1.pp0".into()),
+            start_s: 10.0,
+            end_s: Some(20.0),
+            detected_at_s: 10.0,
+        }];
         assert_eq!(parse_truth(&write_truth(&eps), "t").unwrap(), eps);
-        assert!(parse_truth("kind,unit\n", "t").unwrap_err().rule.contains("header"));
+        assert!(
+            parse_truth("kind,unit\n", "t")
+                .unwrap_err()
+                .rule
+                .contains("header")
+        );
     }
 }

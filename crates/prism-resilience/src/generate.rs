@@ -105,7 +105,10 @@ impl GenConfig {
             cost: LayerCost::from_job(job, settings.state_bytes_per_param),
             workload: settings.workload(job),
             seed,
-            ..GenConfig::small(LayerCost::from_job(job, settings.state_bytes_per_param), episodes)
+            ..GenConfig::small(
+                LayerCost::from_job(job, settings.state_bytes_per_param),
+                episodes,
+            )
         }
     }
 
@@ -132,8 +135,9 @@ pub struct Generated {
 pub fn generate(cfg: &GenConfig, cluster: &Cluster) -> Result<Generated, HeteroError> {
     let p = cfg.stage_layers.len() as u32;
     let d = cfg.replicas;
-    let mut rng = stream_rng(cfg.seed, &[0x6765_6E]);
-    let noise = (cfg.noise_sigma > 0.0).then(|| LogNormal::new(0.0, cfg.noise_sigma).expect("sigma"));
+    let mut rng = stream_rng(cfg.seed, &[0x0067_656E]);
+    let noise =
+        (cfg.noise_sigma > 0.0).then(|| LogNormal::new(0.0, cfg.noise_sigma).expect("sigma"));
     let base: Vec<Replica> = (0..d)
         .map(|r| Replica {
             stages: (0..p)
@@ -159,24 +163,25 @@ pub fn generate(cfg: &GenConfig, cluster: &Cluster) -> Result<Generated, HeteroE
     let mut next_fault = t + uniform(&mut rng, cfg.gap_s.0, cfg.gap_s.1);
     // Active fail-slow: (unit, device index, speed, end time, truth index).
     let mut slow: Option<(usize, usize, f64, f64)> = None;
-    let beat = |events: &mut Vec<LogEvent>, next_hb: &mut [f64], until: f64, dead: Option<usize>| {
-        loop {
-            let (u, &tm) = next_hb
-                .iter()
-                .enumerate()
-                .filter(|(u, _)| Some(*u) != dead)
-                .min_by(|a, b| a.1.total_cmp(b.1))
-                .expect("units");
-            if tm > until {
-                break;
+    let beat =
+        |events: &mut Vec<LogEvent>, next_hb: &mut [f64], until: f64, dead: Option<usize>| {
+            loop {
+                let (u, &tm) = next_hb
+                    .iter()
+                    .enumerate()
+                    .filter(|(u, _)| Some(*u) != dead)
+                    .min_by(|a, b| a.1.total_cmp(b.1))
+                    .expect("units");
+                if tm > until {
+                    break;
+                }
+                events.push(LogEvent::Heartbeat {
+                    unit: GenConfig::unit(u as u32 / p, u as u32 % p),
+                    time_s: tm,
+                });
+                next_hb[u] += cfg.heartbeat_s;
             }
-            events.push(LogEvent::Heartbeat {
-                unit: GenConfig::unit(u as u32 / p, u as u32 % p),
-                time_s: tm,
-            });
-            next_hb[u] += cfg.heartbeat_s;
-        }
-    };
+        };
     loop {
         if let Some((_, _, _, end)) = slow
             && t >= end
@@ -225,7 +230,9 @@ pub fn generate(cfg: &GenConfig, cluster: &Cluster) -> Result<Generated, HeteroE
         }
         let mut reps = base.clone();
         for (r, rep) in reps.iter_mut().enumerate() {
-            rep.micro_batches = cfg.workload.micro_batches(cfg.micro_batches as usize, &mut rng);
+            rep.micro_batches = cfg
+                .workload
+                .micro_batches(cfg.micro_batches as usize, &mut rng);
             for (s, st) in rep.stages.iter_mut().enumerate() {
                 let u = r * p as usize + s;
                 let f = noise.map(|n| n.sample(&mut rng)).unwrap_or(1.0);
@@ -302,14 +309,27 @@ mod tests {
         assert_eq!(g.truth.len(), 12);
         assert!(g.iterations < 2000, "{}", g.iterations);
         assert_eq!(g, generate(&cfg, &cl).unwrap());
-        let found = run_detector(&mut ResihpDetector::new(DetectorConfig::default()), &g.events);
+        let found = run_detector(
+            &mut ResihpDetector::new(DetectorConfig::default()),
+            &g.events,
+        );
         for kind in [FaultKind::FailSlow, FaultKind::FailStop] {
             let s = score(&found, &g.truth, kind, g.duration_s, 60.0, true);
-            assert_eq!(s.true_positives, s.episodes, "{s:?}\n{found:?}\n{:?}", g.truth);
+            assert_eq!(
+                s.true_positives, s.episodes,
+                "{s:?}\n{found:?}\n{:?}",
+                g.truth
+            );
             assert_eq!(s.detections, s.episodes, "{s:?}");
         }
         // The baselines run on the same log.
-        let _ = run_detector(&mut ThresholdDetector::new(DetectorConfig::default()), &g.events);
-        let _ = run_detector(&mut GreyhoundDetector::new(DetectorConfig::default()), &g.events);
+        let _ = run_detector(
+            &mut ThresholdDetector::new(DetectorConfig::default()),
+            &g.events,
+        );
+        let _ = run_detector(
+            &mut GreyhoundDetector::new(DetectorConfig::default()),
+            &g.events,
+        );
     }
 }

@@ -207,8 +207,14 @@ pub fn stage_memory(s: &Setup, layers: u32, tp: u32, position: usize, depth: usi
 pub fn memory_ok(plan: &Plan, s: &Setup) -> bool {
     plan.replicas.iter().flatten().all(|rp| {
         (rp.stages.iter().enumerate()).all(|(i, st)| {
-            stage_memory(s, st.layers, st.members.len() as u32, i, rp.stages.len(), rp.micro_batches)
-                <= s.hbm_bytes
+            stage_memory(
+                s,
+                st.layers,
+                st.members.len() as u32,
+                i,
+                rp.stages.len(),
+                rp.micro_batches,
+            ) <= s.hbm_bytes
         })
     })
 }
@@ -233,7 +239,12 @@ pub fn pipeline(plan: &Plan, fleet: &Fleet, s: &Setup) -> HeteroPipeline {
 /// Iteration time of `plan` on the engine, seconds; `None` when it cannot run (a failed
 /// device in use, memory overflow, no micro-batch placed).
 pub fn iteration_s(plan: &Plan, fleet: &Fleet, s: &Setup) -> Option<f64> {
-    let total: u32 = plan.replicas.iter().flatten().map(|r| r.micro_batches).sum();
+    let total: u32 = plan
+        .replicas
+        .iter()
+        .flatten()
+        .map(|r| r.micro_batches)
+        .sum();
     if total != s.micro_batches || !memory_ok(plan, s) {
         return None;
     }
@@ -261,7 +272,10 @@ pub fn reconfig_s(old: &Plan, new: &Plan, s: &Setup) -> f64 {
             let mut lo = 0;
             for st in &rp.stages {
                 for &i in &st.members {
-                    m.insert((r, st.node, i), (lo, lo + st.layers, st.members.len() as u32));
+                    m.insert(
+                        (r, st.node, i),
+                        (lo, lo + st.layers, st.members.len() as u32),
+                    );
                 }
                 lo += st.layers;
             }
@@ -311,7 +325,7 @@ pub fn tp_resize(devices: &[Device], heads: u32, fits: impl Fn(u32) -> bool) -> 
     let mut best: Option<(f64, u32)> = None;
     let mut k = 1u32;
     while k as usize <= live.len() {
-        if heads % k == 0 && fits(k) {
+        if heads.is_multiple_of(k) && fits(k) {
             let score = k as f64 * live[k as usize - 1].1;
             if best.is_none_or(|(b, _)| score >= b * (1.0 - 1e-12)) {
                 best = Some((score, k));
@@ -372,10 +386,13 @@ fn stage_time(st: &StagePlan, fleet: &Fleet, r: usize, s: &Setup) -> f64 {
         + backward_s(&stage, &s.micro_batch, &s.cost, &s.cluster)
 }
 
+/// A replica's shape (per stage: layers and member speed bits) and micro-batch count.
+type ClockKey = (Vec<(u32, Vec<u64>)>, u32);
+
 /// Engine time of one replica running `m` micro-batches (cached by replica shape).
 #[derive(Debug, Default)]
 pub struct ReplicaClock {
-    cache: BTreeMap<(Vec<(u32, Vec<u64>)>, u32), f64>,
+    cache: BTreeMap<ClockKey, f64>,
 }
 
 impl ReplicaClock {
@@ -388,7 +405,13 @@ impl ReplicaClock {
             (rp.stages.iter())
                 .map(|st| {
                     let d = stage_of(st, fleet, r);
-                    (st.layers, d.devices.iter().map(|d| d.speed.to_bits() | u64::from(d.failed)).collect())
+                    (
+                        st.layers,
+                        d.devices
+                            .iter()
+                            .map(|d| d.speed.to_bits() | u64::from(d.failed))
+                            .collect(),
+                    )
                 })
                 .collect(),
             m,
@@ -426,7 +449,14 @@ pub fn reroute(plan: &mut Plan, fleet: &Fleet, s: &Setup, clock: &mut ReplicaClo
     let cap = 2 * s.micro_batches.div_ceil(s.replicas);
     loop {
         let times: Vec<f64> = (live.iter())
-            .map(|&r| t(plan, r, plan.replicas[r].as_ref().expect("live").micro_batches, clock))
+            .map(|&r| {
+                t(
+                    plan,
+                    r,
+                    plan.replicas[r].as_ref().expect("live").micro_batches,
+                    clock,
+                )
+            })
             .collect();
         let (hi_i, &hi_t) = (times.iter().enumerate())
             .max_by(|a, b| a.1.total_cmp(b.1))
@@ -440,7 +470,14 @@ pub fn reroute(plan: &mut Plan, fleet: &Fleet, s: &Setup, clock: &mut ReplicaClo
             .filter(|&&r| r != from)
             .map(|&r| {
                 let m = plan.replicas[r].as_ref().expect("live").micro_batches;
-                (r, if m + 1 > cap { f64::INFINITY } else { t(plan, r, m + 1, clock) })
+                (
+                    r,
+                    if m + 1 > cap {
+                        f64::INFINITY
+                    } else {
+                        t(plan, r, m + 1, clock)
+                    },
+                )
             })
             .min_by(|a, b| a.1.total_cmp(&b.1));
         let Some((to, to_t)) = best else { break };
@@ -591,7 +628,11 @@ fn with_template(plan: &Plan, fleet: &Fleet, s: &Setup) -> Plan {
     for (r, rp) in p.replicas.iter_mut().enumerate() {
         let Some(rpl) = rp else { continue };
         let kept: Vec<StagePlan> = (rpl.stages.iter())
-            .filter(|st| !st.members.iter().any(|&i| fleet.devices[r][st.node as usize][i as usize].failed))
+            .filter(|st| {
+                !st.members
+                    .iter()
+                    .any(|&i| fleet.devices[r][st.node as usize][i as usize].failed)
+            })
             .cloned()
             .collect();
         if kept.len() == rpl.stages.len() {
@@ -621,7 +662,9 @@ fn even_micro_batches(plan: &mut Plan, fleet: &Fleet, total: u32) {
         .filter(|&r| {
             plan.replicas[r].as_ref().is_some_and(|rp| {
                 !rp.stages.iter().any(|st| {
-                    st.members.iter().any(|&i| fleet.devices[r][st.node as usize][i as usize].failed)
+                    st.members
+                        .iter()
+                        .any(|&i| fleet.devices[r][st.node as usize][i as usize].failed)
                 })
             })
         })
@@ -632,8 +675,14 @@ fn even_micro_batches(plan: &mut Plan, fleet: &Fleet, total: u32) {
     if usable.is_empty() {
         return;
     }
-    for (k, m) in even_split(total, usable.len() as u32).into_iter().enumerate() {
-        plan.replicas[usable[k]].as_mut().expect("usable").micro_batches = m;
+    for (k, m) in even_split(total, usable.len() as u32)
+        .into_iter()
+        .enumerate()
+    {
+        plan.replicas[usable[k]]
+            .as_mut()
+            .expect("usable")
+            .micro_batches = m;
     }
 }
 
@@ -642,7 +691,9 @@ fn drop_failed(plan: &mut Plan, fleet: &Fleet) {
     for (r, rp) in plan.replicas.iter_mut().enumerate() {
         if let Some(rpl) = rp
             && rpl.stages.iter().any(|st| {
-                st.members.iter().any(|&i| fleet.devices[r][st.node as usize][i as usize].failed)
+                st.members
+                    .iter()
+                    .any(|&i| fleet.devices[r][st.node as usize][i as usize].failed)
             })
         {
             *rp = None;
@@ -652,7 +703,13 @@ fn drop_failed(plan: &mut Plan, fleet: &Fleet) {
 
 /// Chooses the plan of `strategy` for `fleet`, coming from `current`, planning for
 /// `horizon_s` seconds.
-pub fn adapt(strategy: Strategy, current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decision {
+pub fn adapt(
+    strategy: Strategy,
+    current: &Plan,
+    fleet: &Fleet,
+    s: &Setup,
+    horizon_s: f64,
+) -> Decision {
     let base = Plan::initial(s);
     let mut clock = ReplicaClock::default();
     let any_failed = fleet.devices.iter().flatten().flatten().any(|d| d.failed);
@@ -783,7 +840,14 @@ fn best_of(cands: Vec<Plan>, current: &Plan, fleet: &Fleet, s: &Setup, horizon_s
 }
 
 /// Every composition of `total` into `parts` positive parts within `[lo, hi]` each.
-fn compositions(total: u32, parts: usize, lo: &[u32], hi: &[u32], cur: &mut Vec<u32>, out: &mut Vec<Vec<u32>>) {
+fn compositions(
+    total: u32,
+    parts: usize,
+    lo: &[u32],
+    hi: &[u32],
+    cur: &mut Vec<u32>,
+    out: &mut Vec<Vec<u32>>,
+) {
     let i = cur.len();
     if i + 1 == parts {
         if total >= lo[i] && total <= hi[i] {
@@ -832,7 +896,7 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
                 live.sort_by(|a, b| b.1.total_cmp(&a.1));
                 let mut k = 1;
                 while k <= live.len() {
-                    if s.heads % k as u32 == 0 {
+                    if s.heads.is_multiple_of(k as u32) {
                         let mut m: Vec<u32> = live[..k].iter().map(|x| x.0).collect();
                         m.sort_unstable();
                         o.push(Some(m));
@@ -917,7 +981,10 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
             p.replicas[r].as_mut().expect("live").micro_batches += 1;
         }
         let t = (p.replicas.iter().enumerate())
-            .filter_map(|(r, rp)| rp.as_ref().map(|rp| clock.time(rp, fleet, r, rp.micro_batches, s)))
+            .filter_map(|(r, rp)| {
+                rp.as_ref()
+                    .map(|rp| clock.time(rp, fleet, r, rp.micro_batches, s))
+            })
             .fold(0.0, f64::max);
         (t, p)
     };
@@ -957,7 +1024,12 @@ pub(crate) mod tests {
     /// (layers + 1) / capacity: (5, 2, 5).
     #[test]
     fn repartition_reproduces_4_4_4_to_5_2_5() {
-        let new = repartition(&[4, 4, 4], &[8.0, 8.0, 8.0], &[8.0, 4.0, 8.0], &[12, 12, 12]);
+        let new = repartition(
+            &[4, 4, 4],
+            &[8.0, 8.0, 8.0],
+            &[8.0, 4.0, 8.0],
+            &[12, 12, 12],
+        );
         assert_eq!(new, vec![5, 2, 5]);
         // Memory bounds respected; total kept.
         let new = repartition(&[4, 4, 4], &[8.0, 8.0, 8.0], &[8.0, 4.0, 8.0], &[4, 12, 12]);
@@ -974,31 +1046,74 @@ pub(crate) mod tests {
     fn tp_choice_matches_brute_force() {
         let cases: Vec<Vec<(f64, bool)>> = vec![
             vec![(1.0, false); 8],
-            vec![(1.0, false), (0.3, false), (1.0, false), (1.0, false), (1.0, false), (1.0, false), (1.0, false), (1.0, false)],
-            vec![(0.9, false), (0.6, false), (1.0, false), (1.0, true), (0.95, false), (1.0, false), (0.2, false), (1.0, false)],
-            vec![(0.5, false), (0.5, false), (0.5, false), (0.5, false), (0.9, false), (0.9, false), (0.4, true), (0.9, false)],
+            vec![
+                (1.0, false),
+                (0.3, false),
+                (1.0, false),
+                (1.0, false),
+                (1.0, false),
+                (1.0, false),
+                (1.0, false),
+                (1.0, false),
+            ],
+            vec![
+                (0.9, false),
+                (0.6, false),
+                (1.0, false),
+                (1.0, true),
+                (0.95, false),
+                (1.0, false),
+                (0.2, false),
+                (1.0, false),
+            ],
+            vec![
+                (0.5, false),
+                (0.5, false),
+                (0.5, false),
+                (0.5, false),
+                (0.9, false),
+                (0.9, false),
+                (0.4, true),
+                (0.9, false),
+            ],
             vec![(0.7, false), (0.8, false), (0.6, false), (0.9, false)],
         ];
         for (ci, c) in cases.iter().enumerate() {
             let devs: Vec<Device> = (c.iter().enumerate())
-                .map(|(i, &(speed, failed))| Device { id: i as u32, speed, failed })
+                .map(|(i, &(speed, failed))| Device {
+                    id: i as u32,
+                    speed,
+                    failed,
+                })
                 .collect();
             for max_k in [8u32, 4, 2] {
                 let fits = |k: u32| k <= max_k;
                 let got = tp_resize(&devs, 64, fits).unwrap();
-                let score = |m: &[u32]| m.len() as f64 * m.iter().map(|&i| devs[i as usize].speed).fold(f64::INFINITY, f64::min);
+                let score = |m: &[u32]| {
+                    m.len() as f64
+                        * m.iter()
+                            .map(|&i| devs[i as usize].speed)
+                            .fold(f64::INFINITY, f64::min)
+                };
                 // Brute force over all subsets.
                 let n = devs.len();
                 let mut best = 0.0f64;
                 for mask in 1u32..(1 << n) {
                     let m: Vec<u32> = (0..n as u32).filter(|i| mask >> i & 1 == 1).collect();
                     let k = m.len() as u32;
-                    if !k.is_power_of_two() || k > max_k || m.iter().any(|&i| devs[i as usize].failed) {
+                    if !k.is_power_of_two()
+                        || k > max_k
+                        || m.iter().any(|&i| devs[i as usize].failed)
+                    {
                         continue;
                     }
                     best = best.max(score(&m));
                 }
-                assert!((score(&got) - best).abs() < 1e-12, "case {ci} max {max_k}: {got:?} {} vs {best}", score(&got));
+                assert!(
+                    (score(&got) - best).abs() < 1e-12,
+                    "case {ci} max {max_k}: {got:?} {} vs {best}",
+                    score(&got)
+                );
                 assert!(got.iter().all(|&i| !devs[i as usize].failed));
             }
         }
@@ -1023,7 +1138,10 @@ pub(crate) mod tests {
             micro_batch: MicroBatch::uniform(2048, 2),
             hbm_bytes: 80e9,
             act_bytes_per_token_layer: 34.0 * 1024.0,
-            reconfig: ReconfigCost { restart_s: 20.0, checkpoint_restart_s: 300.0 },
+            reconfig: ReconfigCost {
+                restart_s: 20.0,
+                checkpoint_restart_s: 300.0,
+            },
             checkpoint_interval_s: 1800.0,
         }
     }
@@ -1043,11 +1161,19 @@ pub(crate) mod tests {
         let get = |st| adapt(st, &init, &fleet, &s, horizon);
         let res = get(Strategy::Resihp);
         let orc = get(Strategy::Oracle);
-        assert!(res.tokens_per_s > nothing.tokens_per_s * 1.05, "{} vs {}", res.tokens_per_s, nothing.tokens_per_s);
+        assert!(
+            res.tokens_per_s > nothing.tokens_per_s * 1.05,
+            "{} vs {}",
+            res.tokens_per_s,
+            nothing.tokens_per_s
+        );
         assert!(res.tokens_per_s <= healthy * (1.0 + 1e-9));
         for st in [Strategy::Recycle, Strategy::TpOnly, Strategy::PpOnly] {
             let b = get(st);
-            assert!(horizon_tokens(&res, horizon) >= horizon_tokens(&b, horizon) * (1.0 - 1e-9), "{st:?}");
+            assert!(
+                horizon_tokens(&res, horizon) >= horizon_tokens(&b, horizon) * (1.0 - 1e-9),
+                "{st:?}"
+            );
         }
         assert!(horizon_tokens(&orc, horizon) >= horizon_tokens(&res, horizon) * (1.0 - 1e-9));
         fleet.devices[1][1][2].failed = true;

@@ -77,7 +77,14 @@ pub fn expected_iteration_s(
 /// Per-layer forward coefficients from a stage's fitted busy-time coefficients: a stage of
 /// `layers` layers on `tp` devices at `speed` spends `(1 + backward_factor) x layers x (a'
 /// tokens + b' sum len^2) / (tp speed)` (tensor-parallel communication folded into `a'`).
-pub fn per_layer(a: f64, b: f64, layers: u32, tp: u32, speed: f64, backward_factor: f64) -> (f64, f64) {
+pub fn per_layer(
+    a: f64,
+    b: f64,
+    layers: u32,
+    tp: u32,
+    speed: f64,
+    backward_factor: f64,
+) -> (f64, f64) {
     let k = (1.0 + backward_factor) * layers as f64 / (tp as f64 * speed);
     (a / k, b / k)
 }
@@ -114,7 +121,10 @@ mod tests {
             noisy.add(t, q, y * noise.sample(&mut rng));
         }
         let (ea, eb) = exact.coefficients().unwrap();
-        assert!((ea / a - 1.0).abs() < 1e-9 && (eb / b - 1.0).abs() < 1e-9, "{ea} {eb}");
+        assert!(
+            (ea / a - 1.0).abs() < 1e-9 && (eb / b - 1.0).abs() < 1e-9,
+            "{ea} {eb}"
+        );
         let (na, nb) = noisy.coefficients().unwrap();
         assert!((na / a - 1.0).abs() < 0.01, "a {na} vs {a}");
         assert!((nb / b - 1.0).abs() < 0.05, "b {nb} vs {b}");
@@ -143,7 +153,9 @@ mod tests {
         for _ in 0..40 {
             let mbs = w.micro_batches(4, &mut rng);
             let busy: f64 = (mbs.iter())
-                .map(|m| forward_s(&stages[0], m, &cost, &cl) + backward_s(&stages[0], m, &cost, &cl))
+                .map(|m| {
+                    forward_s(&stages[0], m, &cost, &cl) + backward_s(&stages[0], m, &cost, &cl)
+                })
                 .sum();
             let t: f64 = mbs.iter().map(|m| m.tokens as f64).sum();
             let q: f64 = mbs.iter().map(|m| m.sum_sq_len as f64).sum();
@@ -159,7 +171,10 @@ mod tests {
         let p = HeteroPipeline {
             replicas: vec![Replica {
                 stages,
-                micro_batches: vec![MicroBatch::packed(&[3000, 1000]), MicroBatch::packed(&[200; 20])],
+                micro_batches: vec![
+                    MicroBatch::packed(&[3000, 1000]),
+                    MicroBatch::packed(&[200; 20]),
+                ],
             }],
             schedule: Schedule::OneFOneB,
             cost,

@@ -71,7 +71,10 @@ impl ResilienceSettings {
     /// parallelism: 34 h bytes per token per layer).
     pub fn setup(&self, job: &Job) -> Setup {
         let p = &job.parallel;
-        let stage_tp = self.stage_tp.clone().unwrap_or_else(|| vec![p.tp; p.pp as usize]);
+        let stage_tp = self
+            .stage_tp
+            .clone()
+            .unwrap_or_else(|| vec![p.tp; p.pp as usize]);
         Setup {
             cluster: job.cluster.clone(),
             cost: LayerCost::from_job(job, self.state_bytes_per_param),
@@ -186,14 +189,26 @@ pub fn run(s: &Setup, sc: &Scenario) -> Result<ScenarioResult, ScenarioError> {
         match f.kind {
             FaultKind::FailSlow => {
                 ev.push((f.at_s, ev.len(), Action::Truth(f.device, f.speed, false)));
-                ev.push((f.at_s + sc.detect_fail_slow_s, ev.len(), Action::Known(f.device, f.speed, false)));
+                ev.push((
+                    f.at_s + sc.detect_fail_slow_s,
+                    ev.len(),
+                    Action::Known(f.device, f.speed, false),
+                ));
                 let end = f.at_s + f.duration_s;
                 ev.push((end, ev.len(), Action::Truth(f.device, 1.0, false)));
-                ev.push((end + sc.detect_fail_slow_s, ev.len(), Action::Known(f.device, 1.0, false)));
+                ev.push((
+                    end + sc.detect_fail_slow_s,
+                    ev.len(),
+                    Action::Known(f.device, 1.0, false),
+                ));
             }
             FaultKind::FailStop => {
                 ev.push((f.at_s, ev.len(), Action::Truth(f.device, 1.0, true)));
-                ev.push((f.at_s + sc.detect_fail_stop_s, ev.len(), Action::Known(f.device, 1.0, true)));
+                ev.push((
+                    f.at_s + sc.detect_fail_stop_s,
+                    ev.len(),
+                    Action::Known(f.device, 1.0, true),
+                ));
                 let end = f.at_s + f.duration_s;
                 ev.push((end, ev.len(), Action::Truth(f.device, 1.0, false)));
                 ev.push((end, ev.len(), Action::Known(f.device, 1.0, false)));
@@ -221,7 +236,10 @@ pub fn run(s: &Setup, sc: &Scenario) -> Result<ScenarioResult, ScenarioError> {
                 _ => segs.push((a, b, v)),
             }
         };
-        let bounds = ev.iter().map(|e| (e.0, Some(e.2))).chain([(sc.duration_s, None)]);
+        let bounds = ev
+            .iter()
+            .map(|e| (e.0, Some(e.2)))
+            .chain([(sc.duration_s, None)]);
         for (b, action) in bounds {
             if pause_until > t {
                 let pe = pause_until.min(b);
@@ -291,8 +309,20 @@ mod tests {
             detect_fail_slow_s: 20.0,
             detect_fail_stop_s: 30.0,
             faults: vec![
-                Fault { kind: FaultKind::FailSlow, at_s: 600.0, device: 17, speed: 0.3, duration_s: 3600.0 },
-                Fault { kind: FaultKind::FailStop, at_s: 7200.0, device: 30, speed: 1.0, duration_s: 3600.0 },
+                Fault {
+                    kind: FaultKind::FailSlow,
+                    at_s: 600.0,
+                    device: 17,
+                    speed: 0.3,
+                    duration_s: 3600.0,
+                },
+                Fault {
+                    kind: FaultKind::FailStop,
+                    at_s: 7200.0,
+                    device: 30,
+                    speed: 1.0,
+                    duration_s: 3600.0,
+                },
             ],
         };
         let r = run(&s, &sc).unwrap();
@@ -301,18 +331,33 @@ mod tests {
         for tl in &r.timelines {
             let sum: f64 = tl.segments.iter().map(|(a, b, v)| (b - a) * v).sum();
             assert!((sum - tl.tokens).abs() < 1e-6 * tl.tokens);
-            assert!(tl.goodput > 0.0 && tl.goodput < 1.0, "{:?} {}", tl.strategy, tl.goodput);
+            assert!(
+                tl.goodput > 0.0 && tl.goodput < 1.0,
+                "{:?} {}",
+                tl.strategy,
+                tl.goodput
+            );
             assert_eq!(tl.segments.last().unwrap().1, sc.duration_s);
         }
         let res = get(Strategy::Resihp).tokens;
         for st in Strategy::ALL {
             if st != Strategy::Oracle {
-                assert!(res >= get(st).tokens * 0.999, "{st:?}: {} vs {res}", get(st).tokens);
+                assert!(
+                    res >= get(st).tokens * 0.999,
+                    "{st:?}: {} vs {res}",
+                    get(st).tokens
+                );
             }
         }
         assert!(get(Strategy::Oracle).tokens >= res * 0.98);
         let bad = Scenario {
-            faults: vec![Fault { kind: FaultKind::FailStop, at_s: 1.0, device: 999, speed: 1.0, duration_s: 1.0 }],
+            faults: vec![Fault {
+                kind: FaultKind::FailStop,
+                at_s: 1.0,
+                device: 999,
+                speed: 1.0,
+                duration_s: 1.0,
+            }],
             ..sc
         };
         assert!(run(&s, &bad).unwrap_err().0.contains("device 999"));

@@ -97,7 +97,10 @@ mod tests {
         let mean = sq.iter().sum::<f64>() / sq.len() as f64;
         let max = sq.iter().cloned().fold(0.0, f64::max);
         let min = sq.iter().cloned().fold(f64::INFINITY, f64::min);
-        assert!(max > 2.0 * mean && max > 10.0 * min, "long tail: {min} {mean} {max}");
+        assert!(
+            max > 2.0 * mean && max > 10.0 * min,
+            "long tail: {min} {mean} {max}"
+        );
         // Deterministic per seed.
         let again = w.micro_batches(500, &mut stream_rng(1, &[]));
         assert_eq!(mbs, again);
