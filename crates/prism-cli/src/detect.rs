@@ -31,6 +31,15 @@ pub struct DetectArgs {
     /// Fault episodes to inject.
     #[arg(long, default_value_t = 240)]
     episodes: u32,
+    /// Slowest speed of a fail-slow device in the generated log (relative to healthy).
+    #[arg(long, default_value_t = 0.3)]
+    slow_min: f64,
+    /// Fastest speed of a fail-slow device in the generated log.
+    #[arg(long, default_value_t = 0.75)]
+    slow_max: f64,
+    /// Log-normal sigma of the per-unit, per-iteration speed noise of the generated log.
+    #[arg(long, default_value_t = 0.02)]
+    noise: f64,
     /// Seed of the generated log.
     #[arg(long, default_value_t = 1)]
     seed: u64,
