@@ -739,6 +739,12 @@ pub fn adapt(
             even_micro_batches(&mut dropped, fleet, s.micro_batches);
             reroute(&mut dropped, fleet, s, &mut clock);
             cands.push(dropped);
+            // Keeping the plan in place (no pause) is always a candidate, and so is
+            // re-routing micro-batches on it.
+            cands.push(current.clone());
+            let mut kept = current.clone();
+            reroute(&mut kept, fleet, s, &mut clock);
+            cands.push(kept);
             best_of(cands, current, fleet, s, horizon_s)
         }
         Strategy::CheckpointRestart => {
@@ -823,15 +829,19 @@ fn proportional(plan: &mut Plan, rates: &[f64], total: u32) {
     }
 }
 
+/// The candidate with the most tokens over the horizon, counting its pause and the pause of
+/// going back to the healthy plan once the devices recover (a degraded plan is undone later).
 fn best_of(cands: Vec<Plan>, current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decision {
     let mut best: Option<(f64, Decision)> = None;
     let mut seen = std::collections::BTreeSet::new();
+    let base = Plan::initial(s);
     for p in cands {
         if !seen.insert(p.clone()) {
             continue;
         }
+        let back = reconfig_s(&p, &base, s);
         let d = decision(p, current, fleet, s);
-        let v = horizon_tokens(&d, horizon_s);
+        let v = d.tokens_per_s * (horizon_s - d.pause_s - back).max(0.0);
         if best.as_ref().is_none_or(|(b, _)| v > *b) {
             best = Some((v, d));
         }
