@@ -849,29 +849,62 @@ fn best_of(cands: Vec<Plan>, current: &Plan, fleet: &Fleet, s: &Setup, horizon_s
     best.expect("a candidate").1
 }
 
-/// Every composition of `total` into `parts` positive parts within `[lo, hi]` each.
-fn compositions(
-    total: u32,
-    parts: usize,
-    lo: &[u32],
-    hi: &[u32],
-    cur: &mut Vec<u32>,
-    out: &mut Vec<Vec<u32>>,
-) {
-    let i = cur.len();
-    if i + 1 == parts {
-        if total >= lo[i] && total <= hi[i] {
-            cur.push(total);
-            out.push(cur.clone());
-            cur.pop();
+/// The `keep` partitions of `total` layers over stages with per-layer times `units` (each
+/// stage `1..=hi[i]` layers) with the smallest (bottleneck, total time), by depth-first search
+/// over every composition, pruning branches whose partial bottleneck already exceeds the
+/// worst kept one. Stops after `budget` search nodes (never reached by the examples).
+fn best_partitions(units: &[f64], hi: &[u32], total: u32, keep: usize, budget: u64) -> Vec<(f64, f64, Vec<u32>)> {
+    struct S<'a> {
+        units: &'a [f64],
+        hi: &'a [u32],
+        suffix_hi: Vec<u32>,
+        keep: usize,
+        best: Vec<(f64, f64, Vec<u32>)>,
+        cur: Vec<u32>,
+        nodes: u64,
+        budget: u64,
+    }
+    fn worst(s: &S) -> f64 {
+        if s.best.len() < s.keep { f64::INFINITY } else { s.best.last().map_or(f64::INFINITY, |b| b.0) }
+    }
+    fn go(s: &mut S, left: u32, bott: f64, sum: f64) {
+        s.nodes += 1;
+        if s.nodes > s.budget {
+            return;
         }
-        return;
+        let i = s.cur.len();
+        let n = s.units.len();
+        if i == n {
+            if left == 0 {
+                let item = (bott, sum, s.cur.clone());
+                let pos = s.best.partition_point(|b| (b.0, b.1) <= (bott, sum));
+                s.best.insert(pos, item);
+                s.best.truncate(s.keep);
+            }
+            return;
+        }
+        let rest = (n - i - 1) as u32;
+        // This stage takes v: the others must be able to take left - v (>= 1 each, <= their hi).
+        let lo = left.saturating_sub(s.suffix_hi[i + 1]).max(1);
+        let hi = s.hi[i].min(left.saturating_sub(rest));
+        for v in lo..=hi {
+            let t = v as f64 * s.units[i];
+            let b = bott.max(t);
+            if b > worst(s) {
+                break;
+            }
+            s.cur.push(v);
+            go(s, left - v, b, sum + t);
+            s.cur.pop();
+        }
     }
-    for v in lo[i]..=hi[i].min(total) {
-        cur.push(v);
-        compositions(total - v, parts, lo, hi, cur, out);
-        cur.pop();
+    let mut suffix_hi = vec![0u32; units.len() + 1];
+    for i in (0..units.len()).rev() {
+        suffix_hi[i] = suffix_hi[i + 1].saturating_add(hi[i]);
     }
+    let mut st = S { units, hi, suffix_hi, keep, best: Vec::new(), cur: Vec::new(), nodes: 0, budget };
+    go(&mut st, total, 0.0, 0.0);
+    st.best
 }
 
 /// The oracle: for every degraded replica, every TP subgroup choice of its degraded stages
@@ -929,7 +962,7 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
             }
             choice_sets = next;
         }
-        let mut scored: Vec<(f64, ReplicaPlan)> = Vec::new();
+        let mut scored: Vec<(f64, f64, ReplicaPlan)> = Vec::new();
         let m_ref = s.micro_batches / s.replicas;
         for cs in choice_sets {
             let nodes: Vec<(u32, Vec<u32>)> = (cs.iter().enumerate())
@@ -942,29 +975,26 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
             let hi: Vec<u32> = (nodes.iter().enumerate())
                 .map(|(i, (_, m))| max_layers(s, m.len() as u32, i, depth, m_ref).min(s.layers))
                 .collect();
-            let lo = vec![1u32; depth];
-            let mut parts = Vec::new();
-            compositions(s.layers, depth, &lo, &hi, &mut Vec::new(), &mut parts);
-            for part in parts {
+            // A stage's time is linear in its layers: the time of one layer per stage.
+            let units: Vec<f64> = (nodes.iter())
+                .map(|(n, m)| {
+                    let one = StagePlan { node: *n, members: m.clone(), layers: 1 };
+                    stage_time(&one, fleet, r, s)
+                })
+                .collect();
+            for (b, sum, part) in best_partitions(&units, &hi, s.layers, 16, 20_000_000) {
                 let rp = ReplicaPlan {
                     stages: (nodes.iter().zip(&part))
-                        .map(|((n, m), &l)| StagePlan {
-                            node: *n,
-                            members: m.clone(),
-                            layers: l,
-                        })
+                        .map(|((n, m), &l)| StagePlan { node: *n, members: m.clone(), layers: l })
                         .collect(),
                     micro_batches: 0,
                 };
-                let b = (rp.stages.iter())
-                    .map(|st| stage_time(st, fleet, r, s))
-                    .fold(0.0, f64::max);
-                scored.push((b, rp));
+                scored.push((b, sum, rp));
             }
         }
-        scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).then_with(|| a.2.cmp(&b.2)));
         scored.truncate(16);
-        options.insert(r, scored.into_iter().map(|x| x.1).collect());
+        options.insert(r, scored.into_iter().map(|x| x.2).collect());
     }
     // For each degraded replica pick the option that, with optimal allocation, gives the
     // shortest iteration (coordinate descent over degraded replicas, two rounds).
@@ -1191,6 +1221,32 @@ pub(crate) mod tests {
             let d = adapt(st, &init, &fleet, &s, horizon);
             assert!(d.tokens_per_s > 0.0, "{st:?} cannot run");
             assert!(iteration_s(&d.plan, &fleet, &s).is_some());
+        }
+    }
+
+    /// The pruned search returns the same best partitions as brute force over every
+    /// composition.
+    #[test]
+    fn partition_search_matches_brute_force() {
+        let units = [1.0, 2.5, 1.0, 0.7];
+        let hi = [9, 6, 9, 9];
+        let got = best_partitions(&units, &hi, 20, 5, u64::MAX);
+        let mut all = Vec::new();
+        for a in 1..=9u32 {
+            for b in 1..=6u32 {
+                for c in 1..=9u32 {
+                    if a + b + c < 20 && 20 - a - b - c <= 9 {
+                        let p = [a, b, c, 20 - a - b - c];
+                        let t: Vec<f64> = p.iter().zip(&units).map(|(&l, u)| l as f64 * u).collect();
+                        all.push((t.iter().cloned().fold(0.0, f64::max), t.iter().sum::<f64>(), p.to_vec()));
+                    }
+                }
+            }
+        }
+        all.sort_by(|x, y| (x.0, x.1).partial_cmp(&(y.0, y.1)).unwrap());
+        assert_eq!(got.len(), 5);
+        for (g, w) in got.iter().zip(&all) {
+            assert_eq!((g.0, g.1), (w.0, w.1));
         }
     }
 
