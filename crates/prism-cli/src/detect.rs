@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use std::io::Write;
+
 use anyhow::{Context, Result, bail};
 use prism_resilience::detect::{
     DetectorConfig, Episode, FaultKind, GreyhoundDetector, LogEvent, ResihpDetector,
@@ -61,6 +63,7 @@ pub struct DetectArgs {
 }
 
 pub fn run(a: &DetectArgs) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     if !(a.ratio.is_finite() && a.ratio > 1.0) {
         bail!("--ratio must be a number above 1 (got {})", a.ratio);
     }
@@ -90,7 +93,8 @@ pub fn run(a: &DetectArgs) -> Result<()> {
             std::fs::write(&tr, prism_io::resilience::write_truth(&g.truth))
                 .with_context(|| format!("cannot write {}", tr.display()))?;
             if !a.json {
-                println!(
+                writeln!(
+                    out,
                     "wrote {} ({} iterations, {} events, {:.1} h) and {} ({} episodes)",
                     log.display(),
                     g.iterations,
@@ -98,7 +102,7 @@ pub fn run(a: &DetectArgs) -> Result<()> {
                     g.duration_s / 3600.0,
                     tr.display(),
                     g.truth.len()
-                );
+                )?;
             }
             (g.events, Some(g.truth), log.display().to_string())
         }
@@ -169,30 +173,33 @@ pub fn run(a: &DetectArgs) -> Result<()> {
                 "scores": scored(found, *loc).map(|s| s.iter().map(prism_io::resilience::score_json).collect::<Vec<_>>()),
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "{origin}: {} events over {:.2} h",
         events.len(),
         duration / 3600.0
-    );
+    )?;
     for (name, loc, found) in &runs {
         let slow = found
             .iter()
             .filter(|e| e.kind == FaultKind::FailSlow)
             .count();
         let stop = found.len() - slow;
-        println!(
+        writeln!(
+            out,
             "  {name:<10} {slow} fail-slow, {stop} fail-stop episodes{}",
             if *loc { " (localised)" } else { " (job level)" }
-        );
+        )?;
     }
     if truth.is_none() {
         if let Some((_, _, found)) = runs.first() {
-            println!("  resihp episodes:");
+            writeln!(out, "  resihp episodes:")?;
             for e in found.iter().take(50) {
-                println!(
+                writeln!(
+                    out,
                     "    {:<9} {:<12} start {:>10.1} s  end {:>12}  detected {:>10.1} s",
                     e.kind.name(),
                     e.unit.as_deref().unwrap_or("-"),
@@ -201,15 +208,16 @@ pub fn run(a: &DetectArgs) -> Result<()> {
                         .map(|x| format!("{x:.1} s"))
                         .unwrap_or("open".into()),
                     e.detected_at_s
-                );
+                )?;
             }
             if found.len() > 50 {
-                println!("    ... {} more (--json lists all)", found.len() - 50);
+                writeln!(out, "    ... {} more (--json lists all)", found.len() - 50)?;
             }
         }
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "  {:<10} {:<9} {:>8} {:>9} {:>7} {:>7} {:>7} {:>10} {:>10} {:>10}",
         "detector",
         "kind",
@@ -221,10 +229,11 @@ pub fn run(a: &DetectArgs) -> Result<()> {
         "FA/day",
         "delay s",
         "max s"
-    );
+    )?;
     for (name, loc, found) in &runs {
         for s in scored(found, *loc).expect("truth given") {
-            println!(
+            writeln!(
+                out,
                 "  {name:<10} {:<9} {:>8} {:>9} {:>7.4} {:>7.4} {:>7.4} {:>10.2} {:>10.1} {:>10.1}",
                 s.kind.name(),
                 s.episodes,
@@ -235,9 +244,12 @@ pub fn run(a: &DetectArgs) -> Result<()> {
                 s.false_alarms_per_day,
                 s.mean_delay_s,
                 s.max_delay_s
-            );
+            )?;
         }
     }
-    println!("  (resihp is scored at the right unit; the job-level baselines by time only)");
+    writeln!(
+        out,
+        "  (resihp is scored at the right unit; the job-level baselines by time only)"
+    )?;
     Ok(())
 }

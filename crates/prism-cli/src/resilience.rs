@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use std::io::Write;
+
 use anyhow::{Context, Result};
 use prism_resilience::plan::Strategy;
 
@@ -25,6 +27,7 @@ pub struct ResilienceArgs {
 }
 
 pub fn run(a: &ResilienceArgs) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     let loaded = prism_io::jobfile::load_job_file(&a.job, &a.sets)?;
     let text = prism_io::resilience::read_file(&a.scenario)?;
     let sc = prism_io::resilience::parse_scenario(&text, &a.scenario.display().to_string())?;
@@ -40,13 +43,15 @@ pub fn run(a: &ResilienceArgs) -> Result<()> {
         std::fs::write(p, svg).with_context(|| format!("cannot write {}", p.display()))?;
     }
     if a.json {
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::to_string_pretty(&prism_io::resilience::scenario_json(&sc, &r))?
-        );
+        )?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "{} on {} ({} GPUs: dp {} x pp {} x tp {}), scenario {}: {:.1} h, {} faults",
         loaded.job.model.name,
         loaded.job.cluster.name,
@@ -57,18 +62,21 @@ pub fn run(a: &ResilienceArgs) -> Result<()> {
         sc.name,
         sc.duration_s / 3600.0,
         sc.faults.len()
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  healthy: {:.0} tokens/s (planning micro-batch: {} tokens, sum len^2 {:.3e})",
         r.healthy_tokens_per_s, setup.micro_batch.tokens, setup.micro_batch.sum_sq_len as f64
-    );
+    )?;
     let resihp = r.timelines[0].tokens;
-    println!(
+    writeln!(
+        out,
         "  {:<20} {:>14} {:>12} {:>9} {:>14} {:>9} {:>10}",
         "policy", "tokens", "tokens/s", "goodput", "ResiHP x", "reconfigs", "paused s"
-    );
+    )?;
     for t in &r.timelines {
-        println!(
+        writeln!(
+            out,
             "  {:<20} {:>14.4e} {:>12.0} {:>8.2}% {:>14.3} {:>9} {:>10.0}",
             t.strategy.name(),
             t.tokens,
@@ -81,16 +89,17 @@ pub fn run(a: &ResilienceArgs) -> Result<()> {
             },
             t.reconfigurations,
             t.paused_s
-        );
+        )?;
     }
     if let Some(o) = r.timelines.iter().find(|t| t.strategy == Strategy::Oracle) {
-        println!(
+        writeln!(
+            out,
             "  gap to the oracle: {:.2}% of the oracle's tokens",
             100.0 * (1.0 - resihp / o.tokens.max(f64::MIN_POSITIVE))
-        );
+        )?;
     }
     if let Some(p) = &a.plot {
-        println!("  wrote {}", p.display());
+        writeln!(out, "  wrote {}", p.display())?;
     }
     Ok(())
 }

@@ -950,18 +950,49 @@ mod tests {
         let full = load_job_str(job, "j.toml", None, &[]).unwrap();
         assert_eq!(full.resilience.seq_len_median, Some(1024.0));
         assert_eq!(full.resilience.seq_len_sigma, 1.2);
-        let with = |extra: &str| load_job_str(&format!("{base}[resilience]\n{extra}\n"), "j.toml", None, &[]);
+        let with = |extra: &str| {
+            load_job_str(
+                &format!("{base}[resilience]\n{extra}\n"),
+                "j.toml",
+                None,
+                &[],
+            )
+        };
         let ok = with("stage_tp = \"8,4,8,8\"").unwrap();
         assert_eq!(ok.resilience.stage_tp, Some(vec![8, 4, 8, 8]));
         let line = base.lines().count() + 2;
         for (extra, key, rule) in [
-            ("stage_tp = \"8,3,8,8\"", "resilience.stage_tp", "power of two"),
-            ("stage_tp = \"8,8\"", "resilience.stage_tp", "one TP degree per pipeline stage"),
-            ("stage_tp = \"8,x,8,8\"", "resilience.stage_tp", "not a positive integer"),
+            (
+                "stage_tp = \"8,3,8,8\"",
+                "resilience.stage_tp",
+                "power of two",
+            ),
+            (
+                "stage_tp = \"8,8\"",
+                "resilience.stage_tp",
+                "one TP degree per pipeline stage",
+            ),
+            (
+                "stage_tp = \"8,x,8,8\"",
+                "resilience.stage_tp",
+                "not a positive integer",
+            ),
             ("seq_len_sigma = 9", "resilience.seq_len_sigma", "[0, 5]"),
-            ("memory_fraction = 0", "resilience.memory_fraction", "(0, 1]"),
-            ("state_bytes_per_param = 0", "resilience.state_bytes_per_param", "1..=64"),
-            ("reconfig_restart_s = -2", "resilience.reconfig_restart_s", ">= 0"),
+            (
+                "memory_fraction = 0",
+                "resilience.memory_fraction",
+                "(0, 1]",
+            ),
+            (
+                "state_bytes_per_param = 0",
+                "resilience.state_bytes_per_param",
+                "1..=64",
+            ),
+            (
+                "reconfig_restart_s = -2",
+                "resilience.reconfig_restart_s",
+                ">= 0",
+            ),
             ("restart = 2", "resilience.restart", "unknown key"),
         ] {
             let e = with(extra).unwrap_err();

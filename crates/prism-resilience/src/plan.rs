@@ -853,7 +853,13 @@ fn best_of(cands: Vec<Plan>, current: &Plan, fleet: &Fleet, s: &Setup, horizon_s
 /// stage `1..=hi[i]` layers) with the smallest (bottleneck, total time), by depth-first search
 /// over every composition, pruning branches whose partial bottleneck already exceeds the
 /// worst kept one. Stops after `budget` search nodes (never reached by the examples).
-fn best_partitions(units: &[f64], hi: &[u32], total: u32, keep: usize, budget: u64) -> Vec<(f64, f64, Vec<u32>)> {
+fn best_partitions(
+    units: &[f64],
+    hi: &[u32],
+    total: u32,
+    keep: usize,
+    budget: u64,
+) -> Vec<(f64, f64, Vec<u32>)> {
     struct S<'a> {
         units: &'a [f64],
         hi: &'a [u32],
@@ -865,7 +871,11 @@ fn best_partitions(units: &[f64], hi: &[u32], total: u32, keep: usize, budget: u
         budget: u64,
     }
     fn worst(s: &S) -> f64 {
-        if s.best.len() < s.keep { f64::INFINITY } else { s.best.last().map_or(f64::INFINITY, |b| b.0) }
+        if s.best.len() < s.keep {
+            f64::INFINITY
+        } else {
+            s.best.last().map_or(f64::INFINITY, |b| b.0)
+        }
     }
     fn go(s: &mut S, left: u32, bott: f64, sum: f64) {
         s.nodes += 1;
@@ -902,7 +912,16 @@ fn best_partitions(units: &[f64], hi: &[u32], total: u32, keep: usize, budget: u
     for i in (0..units.len()).rev() {
         suffix_hi[i] = suffix_hi[i + 1].saturating_add(hi[i]);
     }
-    let mut st = S { units, hi, suffix_hi, keep, best: Vec::new(), cur: Vec::new(), nodes: 0, budget };
+    let mut st = S {
+        units,
+        hi,
+        suffix_hi,
+        keep,
+        best: Vec::new(),
+        cur: Vec::new(),
+        nodes: 0,
+        budget,
+    };
     go(&mut st, total, 0.0, 0.0);
     st.best
 }
@@ -978,21 +997,33 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
             // A stage's time is linear in its layers: the time of one layer per stage.
             let units: Vec<f64> = (nodes.iter())
                 .map(|(n, m)| {
-                    let one = StagePlan { node: *n, members: m.clone(), layers: 1 };
+                    let one = StagePlan {
+                        node: *n,
+                        members: m.clone(),
+                        layers: 1,
+                    };
                     stage_time(&one, fleet, r, s)
                 })
                 .collect();
             for (b, sum, part) in best_partitions(&units, &hi, s.layers, 16, 20_000_000) {
                 let rp = ReplicaPlan {
                     stages: (nodes.iter().zip(&part))
-                        .map(|((n, m), &l)| StagePlan { node: *n, members: m.clone(), layers: l })
+                        .map(|((n, m), &l)| StagePlan {
+                            node: *n,
+                            members: m.clone(),
+                            layers: l,
+                        })
                         .collect(),
                     micro_batches: 0,
                 };
                 scored.push((b, sum, rp));
             }
         }
-        scored.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)).then_with(|| a.2.cmp(&b.2)));
+        scored.sort_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then(a.1.total_cmp(&b.1))
+                .then_with(|| a.2.cmp(&b.2))
+        });
         scored.truncate(16);
         options.insert(r, scored.into_iter().map(|x| x.2).collect());
     }
@@ -1237,8 +1268,13 @@ pub(crate) mod tests {
                 for c in 1..=9u32 {
                     if a + b + c < 20 && 20 - a - b - c <= 9 {
                         let p = [a, b, c, 20 - a - b - c];
-                        let t: Vec<f64> = p.iter().zip(&units).map(|(&l, u)| l as f64 * u).collect();
-                        all.push((t.iter().cloned().fold(0.0, f64::max), t.iter().sum::<f64>(), p.to_vec()));
+                        let t: Vec<f64> =
+                            p.iter().zip(&units).map(|(&l, u)| l as f64 * u).collect();
+                        all.push((
+                            t.iter().cloned().fold(0.0, f64::max),
+                            t.iter().sum::<f64>(),
+                            p.to_vec(),
+                        ));
                     }
                 }
             }
