@@ -81,7 +81,22 @@ pub fn run(a: &DetectArgs) -> Result<()> {
                 );
             };
             let loaded = prism_io::jobfile::load_job_file(job_path, &a.sets)?;
-            let cfg = GenConfig::from_job(&loaded.job, &loaded.resilience, a.episodes, a.seed);
+            if !(0.0 < a.slow_min && a.slow_min <= a.slow_max && a.slow_max < 1.0) {
+                bail!(
+                    "need 0 < --slow-min <= --slow-max < 1 (got {} and {})",
+                    a.slow_min,
+                    a.slow_max
+                );
+            }
+            if !(a.noise.is_finite() && (0.0..0.5).contains(&a.noise)) {
+                bail!("--noise must be in [0, 0.5) (got {})", a.noise);
+            }
+            if a.episodes == 0 || a.episodes > 100_000 {
+                bail!("--episodes must be in 1..=100000 (got {})", a.episodes);
+            }
+            let mut cfg = GenConfig::from_job(&loaded.job, &loaded.resilience, a.episodes, a.seed);
+            cfg.slow_speed = (a.slow_min, a.slow_max);
+            cfg.noise_sigma = a.noise;
             let g = generate(&cfg, &loaded.job.cluster)
                 .map_err(|e| anyhow::anyhow!("cannot generate: {e}"))?;
             std::fs::create_dir_all(dir)
