@@ -5,7 +5,7 @@
 //!   `a x tokens + b x sum(len^2)` ([`crate::predictor::OnlineFit`]) learned on healthy
 //!   iterations; a record whose observed / expected ratio exceeds `ratio` for `confirm`
 //!   records in a row opens a fail-slow episode at that unit (starting at the first of them),
-//!   and `confirm` records back under it close it. A unit whose heartbeats stop for
+//!   and `confirm` records under `1 + (ratio - 1) / 2` close it (hysteresis). A unit whose heartbeats stop for
 //!   `heartbeat_timeout_s` is reported fail-stop at its last heartbeat.
 //! - [`ThresholdDetector`] (baseline): the job's iteration period against `ratio` times its
 //!   median over the first healthy iterations, the same confirmation rule; a hang (no
@@ -132,6 +132,18 @@ pub struct DetectorConfig {
     pub hang_factor: f64,
 }
 
+impl DetectorConfig {
+    /// The ratio a record is compared with: `ratio` to open an episode, halfway between 1 and
+    /// `ratio` to stay in one (hysteresis, so a slowdown near the threshold does not flap).
+    pub fn threshold(&self, in_episode: bool) -> f64 {
+        if in_episode {
+            1.0 + (self.ratio - 1.0) / 2.0
+        } else {
+            self.ratio
+        }
+    }
+}
+
 impl Default for DetectorConfig {
     fn default() -> Self {
         DetectorConfig {
@@ -234,7 +246,7 @@ impl Detector for ResihpDetector {
                     u.fit.add(x1, x2, y);
                     return;
                 };
-                let slow_now = y / expected > cfg.ratio;
+                let slow_now = y / expected > cfg.threshold(u.slow);
                 if slow_now != u.slow {
                     if u.run == 0 {
                         u.run_start = r.start_s;
@@ -417,7 +429,7 @@ impl Detector for ThresholdDetector {
             }
             return;
         };
-        let slow_now = period / base > self.cfg.ratio;
+        let slow_now = period / base > self.cfg.threshold(self.slow);
         if slow_now != self.slow {
             if self.run == 0 {
                 self.run_start = start;
