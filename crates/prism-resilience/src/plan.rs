@@ -926,8 +926,12 @@ fn best_partitions(
     st.best
 }
 
+/// Most TP subgroup combinations the oracle enumerates per replica.
+const MAX_TP_COMBINATIONS: usize = 256;
+
 /// The oracle: for every degraded replica, every TP subgroup choice of its degraded stages
-/// (each degree with its fastest members, or dropping the node) times every memory-feasible
+/// (each degree with its fastest members, or dropping the node; at most 256 combinations per
+/// replica, further degraded nodes keep ResiHP's TP choice) times every memory-feasible
 /// layer partition is enumerated; the 16 with the smallest bottleneck per micro-batch are run
 /// on the engine for every micro-batch count, micro-batches are allocated optimally across
 /// replicas (greedy on the engine's monotone per-replica times), and the best plan over the
@@ -967,6 +971,14 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
                 }
                 o.push(None);
             }
+            // Bound the product of choices (many degraded nodes in one replica): beyond 256
+            // combinations a node keeps only ResiHP's own TP choice.
+            let product: usize = node_opts.iter().map(Vec::len).product();
+            if product * o.len() > MAX_TP_COMBINATIONS {
+                let depth = s.stages as usize;
+                let fits = |k: u32| stage_memory(s, 1, k, n, depth, s.micro_batches / s.replicas) <= s.hbm_bytes;
+                o = vec![tp_resize(devs, s.heads, fits)];
+            }
             node_opts.push(o);
         }
         let mut choice_sets: Vec<Vec<Option<Vec<u32>>>> = vec![Vec::new()];
@@ -1005,7 +1017,7 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
                     stage_time(&one, fleet, r, s)
                 })
                 .collect();
-            for (b, sum, part) in best_partitions(&units, &hi, s.layers, 16, 20_000_000) {
+            for (b, sum, part) in best_partitions(&units, &hi, s.layers, 16, 2_000_000) {
                 let rp = ReplicaPlan {
                     stages: (nodes.iter().zip(&part))
                         .map(|((n, m), &l)| StagePlan {

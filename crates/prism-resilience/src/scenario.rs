@@ -262,7 +262,7 @@ pub fn run(s: &Setup, sc: &Scenario) -> Result<ScenarioResult, ScenarioError> {
                     let dec = adapt(st, &plan, &known, s, sc.horizon_s);
                     if dec.plan != plan || dec.pause_s > 0.0 {
                         reconfigs += u32::from(dec.plan != plan);
-                        paused += dec.pause_s;
+                        paused += dec.pause_s.min(sc.duration_s - t);
                         pause_until = t + dec.pause_s;
                         plan = dec.plan;
                     }
