@@ -327,7 +327,7 @@ fn parse_megatron(text: &str, origin: &str) -> Result<Vec<LogEvent>, FormatError
     Ok(out)
 }
 
-/// Writes a timing log in the CSV format.
+/// Writes a timing log in the CSV format (times in their shortest exact form).
 pub fn write_log(events: &[LogEvent]) -> String {
     let mut s = String::with_capacity(events.len() * 64);
     s.push_str(LOG_HEADER);
@@ -335,12 +335,12 @@ pub fn write_log(events: &[LogEvent]) -> String {
     for e in events {
         match e {
             LogEvent::Heartbeat { unit, time_s } => {
-                s.push_str(&format!("heartbeat,,{unit},{time_s:.6},,,,\n"));
+                s.push_str(&format!("heartbeat,,{unit},{time_s},,,,\n"));
             }
             LogEvent::Step(r) => {
-                let busy = r.busy_s.map(|b| format!("{b:.6}")).unwrap_or_default();
+                let busy = r.busy_s.map(|b| format!("{b}")).unwrap_or_default();
                 s.push_str(&format!(
-                    "step,{},{},{:.6},{:.6},{busy},{},{}\n",
+                    "step,{},{},{},{},{busy},{},{}\n",
                     r.iteration, r.unit, r.start_s, r.end_s, r.tokens, r.sum_sq_len
                 ));
             }
@@ -355,11 +355,11 @@ pub fn write_truth(eps: &[Episode]) -> String {
     s.push('\n');
     for e in eps {
         s.push_str(&format!(
-            "{},{},{:.6},{}\n",
+            "{},{},{},{}\n",
             e.kind.name(),
             e.unit.as_deref().unwrap_or(""),
             e.start_s,
-            e.end_s.map(|x| format!("{x:.6}")).unwrap_or_default()
+            e.end_s.map(|x| format!("{x}")).unwrap_or_default()
         ));
     }
     s

@@ -976,7 +976,9 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
             let product: usize = node_opts.iter().map(Vec::len).product();
             if product * o.len() > MAX_TP_COMBINATIONS {
                 let depth = s.stages as usize;
-                let fits = |k: u32| stage_memory(s, 1, k, n, depth, s.micro_batches / s.replicas) <= s.hbm_bytes;
+                let fits = |k: u32| {
+                    stage_memory(s, 1, k, n, depth, s.micro_batches / s.replicas) <= s.hbm_bytes
+                };
                 o = vec![tp_resize(devs, s.heads, fits)];
             }
             node_opts.push(o);
