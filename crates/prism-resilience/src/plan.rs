@@ -926,6 +926,9 @@ fn best_partitions(
     st.best
 }
 
+/// Partition-search nodes of the oracle per degraded replica.
+const SEARCH_NODES: u64 = 100_000_000;
+
 /// Most TP subgroup combinations the oracle enumerates per replica.
 const MAX_TP_COMBINATIONS: usize = 256;
 
@@ -997,6 +1000,8 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
         }
         let mut scored: Vec<(f64, f64, ReplicaPlan)> = Vec::new();
         let m_ref = s.micro_batches / s.replicas;
+        // Search nodes per replica, shared by its TP choices.
+        let budget = (SEARCH_NODES / choice_sets.len().max(1) as u64).max(500_000);
         for cs in choice_sets {
             let nodes: Vec<(u32, Vec<u32>)> = (cs.iter().enumerate())
                 .filter_map(|(n, c)| c.clone().map(|m| (n as u32, m)))
@@ -1019,7 +1024,7 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
                     stage_time(&one, fleet, r, s)
                 })
                 .collect();
-            for (b, sum, part) in best_partitions(&units, &hi, s.layers, 16, 2_000_000) {
+            for (b, sum, part) in best_partitions(&units, &hi, s.layers, 16, budget) {
                 let rp = ReplicaPlan {
                     stages: (nodes.iter().zip(&part))
                         .map(|((n, m), &l)| StagePlan {
