@@ -58,7 +58,19 @@ pub fn run(a: &ResilienceArgs) -> Result<()> {
         setup.devices(),
         setup.replicas,
         setup.stages,
-        loaded.job.parallel.tp,
+        if setup.stage_tp.windows(2).all(|w| w[0] == w[1]) {
+            setup.stage_tp[0].to_string()
+        } else {
+            format!(
+                "({})",
+                setup
+                    .stage_tp
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        },
         sc.name,
         sc.duration_s / 3600.0,
         sc.faults.len()

@@ -1305,6 +1305,51 @@ pub(crate) mod tests {
         }
     }
 
+    /// Heterogeneous stages: device ids are dense and unique, the healthy plan uses every
+    /// device, and a TP-2 stage holding as many layers as its TP-4 neighbours is the
+    /// bottleneck the repartition relieves.
+    #[test]
+    fn heterogeneous_stage_tp() {
+        let mut s = setup();
+        s.stage_tp = vec![4, 2, 4];
+        assert_eq!(s.devices(), 40);
+        let fleet = Fleet::healthy(&s);
+        let mut ids: Vec<u32> = fleet
+            .devices
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|d| d.id)
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..40).collect::<Vec<_>>());
+        assert_eq!(s.device_id(1, 2, 3), 10 + 4 + 2 + 3);
+        let init = Plan::initial(&s);
+        assert_eq!(
+            init.replicas[0].as_ref().unwrap().stages[1].members.len(),
+            2
+        );
+        let even = throughput(&init, &fleet, &s);
+        let mut moved = init.clone();
+        for rp in moved.replicas.iter_mut().flatten() {
+            let l: Vec<u32> = repartition(&[4, 4, 4], &[4.0, 4.0, 4.0], &[4.0, 2.0, 4.0], &[12; 3]);
+            for (st, l) in rp.stages.iter_mut().zip(l) {
+                st.layers = l;
+            }
+        }
+        assert_eq!(
+            moved.replicas[0]
+                .as_ref()
+                .unwrap()
+                .stages
+                .iter()
+                .map(|x| x.layers)
+                .collect::<Vec<_>>(),
+            vec![5, 2, 5]
+        );
+        assert!(throughput(&moved, &fleet, &s) > even);
+    }
+
     #[test]
     fn reconfiguration_moves_only_changed_state() {
         let s = setup();
