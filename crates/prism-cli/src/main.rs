@@ -46,6 +46,12 @@ enum Command {
     /// Hybrid emulation (PrismLLM): slice recorded traces into a target-scale graph, or run
     /// the coordinator that plays every virtual rank while real ranks connect.
     Emulate(emulate::EmulateArgs),
+    /// Fail-slow and fail-stop detection over timing logs (ResiHP's workload-aware detector and
+    /// two baselines); `--generate` writes logs with injected faults from the engine.
+    Detect(detect::DetectArgs),
+    /// Hours of training with faults: ResiHP's joint TP/PP/DP adaptation against baselines and
+    /// an oracle (throughput timeline, goodput, plot).
+    Resilience(resilience::ResilienceArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -92,11 +98,13 @@ struct SimulateArgs {
 
 mod bench;
 mod calibrate;
+mod detect;
 mod emulate;
 mod explore;
 mod fit;
 mod predict;
 mod profile;
+mod resilience;
 mod validate;
 
 fn main() -> ExitCode {
@@ -115,6 +123,8 @@ fn main() -> ExitCode {
         Command::Fit(args) => fit::run(&args),
         Command::Explore(args) => explore::run(&args),
         Command::Emulate(args) => emulate::run(&args),
+        Command::Detect(args) => detect::run(&args),
+        Command::Resilience(args) => resilience::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -32,6 +32,7 @@ pub mod cost;
 pub mod engine;
 pub mod flops;
 pub mod graph;
+pub mod hetero;
 pub mod job;
 pub mod layout;
 pub mod memory;

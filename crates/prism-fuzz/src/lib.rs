@@ -42,11 +42,15 @@ pub enum Target {
     Cases,
     /// Kineto trace (JSON), then class totals and the kernel table.
     Kineto,
+    /// Timing log of `prism detect` (CSV or Megatron-LM lines), then the three detectors.
+    ResilienceLog,
+    /// Scenario of `prism resilience` (TOML).
+    Scenario,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 9] = [
         Target::Job,
         Target::Hf,
         Target::KernelTable,
@@ -54,6 +58,8 @@ impl Target {
         Target::DistTable,
         Target::Cases,
         Target::Kineto,
+        Target::ResilienceLog,
+        Target::Scenario,
     ];
 
     /// Name (command line, regression folders).
@@ -66,6 +72,8 @@ impl Target {
             Target::DistTable => "dist-table",
             Target::Cases => "cases",
             Target::Kineto => "kineto",
+            Target::ResilienceLog => "resilience-log",
+            Target::Scenario => "scenario",
         }
     }
 
@@ -109,9 +117,34 @@ impl Target {
             ],
             Target::Cases => &[include_str!("../../../validation/cases.csv")],
             Target::Kineto => &[KINETO_SEED],
+            Target::ResilienceLog => &[LOG_SEED, MEGATRON_SEED],
+            Target::Scenario => &[
+                include_str!("../../../examples/resilience/mixed-6h.toml"),
+                include_str!("../../../examples/resilience/fail-slow-4h.toml"),
+                include_str!("../../../examples/resilience/fail-stop-4h.toml"),
+            ],
         }
     }
 }
+
+/// A small timing log: heartbeats and per-stage steps of two units, one of them slowing down.
+const LOG_SEED: &str = "kind,iteration,unit,start_s,end_s,busy_s,tokens,sum_sq_len
+heartbeat,,dp0.pp0,0.0,,,,
+heartbeat,,dp0.pp1,0.5,,,,
+step,0,dp0.pp0,0.0,2.0,1.5,8192,16777216
+step,0,dp0.pp1,0.4,2.4,1.6,8192,16777216
+step,1,dp0.pp0,2.4,4.3,1.4,7000,9000000
+step,1,dp0.pp1,2.8,4.8,1.5,7000,9000000
+heartbeat,,dp0.pp0,10.0,,,,
+step,2,dp0.pp0,4.8,6.9,1.6,8000,20000000
+step,2,dp0.pp1,5.2,9.2,3.9,8000,20000000
+";
+
+/// Megatron-LM iteration lines.
+const MEGATRON_SEED: &str = " [2024-05-01 10:00:00] iteration      100/  500000 | consumed samples:        51200 | elapsed time per iteration (ms): 1500.0 | learning rate: 1.0E-04 | global batch size:   512 | lm loss: 2.1E+00 |
+ [2024-05-01 10:00:02] iteration      101/  500000 | consumed samples:        51712 | elapsed time per iteration (ms): 1510.0 | global batch size:   512 |
+ [2024-05-01 10:00:03] iteration      102/  500000 | consumed samples:        52224 | elapsed time per iteration (ms): 2510.0 | global batch size:   512 |
+";
 
 /// A small Kineto trace: a profiler step, a GEMM and an attention call with their shapes, an
 /// NCCL collective, a memset.
@@ -299,6 +332,18 @@ fn feed(target: Target, input: &str) -> bool {
             }
             Err(_) => false,
         },
+        Target::ResilienceLog => match resilience::parse_log(input, "log.csv") {
+            Ok(events) => {
+                use prism_resilience::detect::*;
+                let cfg = DetectorConfig::default();
+                let _ = run_detector(&mut ResihpDetector::new(cfg), &events);
+                let _ = run_detector(&mut ThresholdDetector::new(cfg), &events);
+                let _ = run_detector(&mut GreyhoundDetector::new(cfg), &events);
+                true
+            }
+            Err(_) => false,
+        },
+        Target::Scenario => resilience::parse_scenario(input, "s.toml").is_ok(),
     }
 }
 

@@ -26,7 +26,8 @@ struct Args {
     /// Seed of every mutation.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Targets (default: all): job, hf, kernel-table, samples, dist-table, cases, kineto.
+    /// Targets (default: all): job, hf, kernel-table, samples, dist-table, cases, kineto,
+    /// resilience-log, scenario.
     #[arg(long, value_delimiter = ',')]
     target: Vec<String>,
     /// Write each finding's input to DIR/<target>-<seed>-<index>.

@@ -28,6 +28,7 @@ use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
     CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
 };
+use prism_resilience::scenario::ResilienceSettings;
 use toml::de::{DeTable, DeValue};
 
 use crate::files::read_limited;
@@ -69,6 +70,8 @@ pub struct LoadedJob {
     /// `variability.distributions.table`, resolved against the job file's directory: a table of
     /// fitted distributions written by `prism fit`.
     pub dist_table: Option<PathBuf>,
+    /// The `[resilience]` section; defaults when absent.
+    pub resilience: ResilienceSettings,
 }
 
 /// A job file that could not be loaded: where, which key, which rule.
@@ -386,6 +389,20 @@ const SECTIONS: &[(&str, &[Field])] = &[
     ("cost", COST_FIELDS),
     ("published", PUBLISHED_FIELDS),
     ("variability", VARIABILITY_FIELDS),
+    ("resilience", RESILIENCE_FIELDS),
+];
+
+/// `[resilience]`: workload and restart figures of `prism resilience` and `prism detect`
+/// (docs/job-format.md); no effect on any other command.
+const RESILIENCE_FIELDS: &[Field] = &[
+    fld("seq_len_median", Ty::F64),
+    fld("seq_len_sigma", Ty::F64),
+    fld("state_bytes_per_param", Ty::U64),
+    fld("reconfig_restart_s", Ty::F64),
+    fld("checkpoint_restart_s", Ty::F64),
+    fld("checkpoint_period_s", Ty::F64),
+    fld("stage_tp", Ty::Str),
+    fld("memory_fraction", Ty::F64),
 ];
 
 /// Sub-sections: the fields of type [`Ty::Table`] of a section, stored in [`Doc::sections`]
@@ -1563,6 +1580,7 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
     };
 
     let var = build_variability(ctx, doc, &cluster, base_dir)?;
+    let resilience = build_resilience(ctx, doc, &parallel, &model, &cluster)?;
     let published = build_published(ctx, doc)?;
 
     let name = match &doc.name {
@@ -1609,6 +1627,113 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
         variability: var.variability,
         variability_seed: var.seed,
         dist_table: var.dist_table,
+        resilience,
+    })
+}
+
+/// The typed `[resilience]` section.
+fn build_resilience(
+    ctx: &Ctx<'_>,
+    doc: &Doc,
+    parallel: &Parallel,
+    model: &Model,
+    cluster: &Cluster,
+) -> Result<ResilienceSettings, JobFileError> {
+    let g = Getter {
+        ctx,
+        section: "resilience",
+        fields: doc
+            .sections
+            .get("resilience")
+            .map(|s| &s.fields)
+            .unwrap_or(NO_SECTION),
+    };
+    const POS: &str = "must be a positive finite number";
+    const NONNEG: &str = "must be a finite number >= 0";
+    let d = ResilienceSettings::default();
+    let state = g
+        .u64("state_bytes_per_param")?
+        .unwrap_or(d.state_bytes_per_param);
+    if !(1..=64).contains(&state) {
+        let e = g.entry("state_bytes_per_param").expect("given");
+        return Err(ctx.at_value(
+            &e.src,
+            "resilience.state_bytes_per_param",
+            format!(
+                "must be in 1..=64 bytes per parameter (got {state}; mixed-precision Adam: 16)"
+            ),
+        ));
+    }
+    let stage_tp = match g.str("stage_tp")? {
+        None => None,
+        Some(text) => {
+            let e = g.entry("stage_tp").expect("given");
+            let at = |rule: String| ctx.at_value(&e.src, "resilience.stage_tp", rule);
+            let mut v = Vec::new();
+            for (i, part) in text.split(',').enumerate() {
+                let k: u32 = part.trim().parse().map_err(|_| {
+                    at(format!(
+                        "element {i} (\"{}\") is not a positive integer; write e.g. \"8,4,8,8\"",
+                        part.trim()
+                    ))
+                })?;
+                if k == 0
+                    || !k.is_power_of_two()
+                    || k > cluster.gpus_per_node
+                    || !model.heads.is_multiple_of(k)
+                {
+                    return Err(at(format!(
+                        "element {i} ({k}) must be a power of two that divides the heads ({}) and is at most the GPUs per node ({})",
+                        model.heads, cluster.gpus_per_node
+                    )));
+                }
+                v.push(k);
+            }
+            if v.len() != parallel.pp as usize {
+                return Err(at(format!(
+                    "must give one TP degree per pipeline stage: {} given, parallel.pp = {}",
+                    v.len(),
+                    parallel.pp
+                )));
+            }
+            Some(v)
+        }
+    };
+    Ok(ResilienceSettings {
+        seq_len_median: g.f64_where(
+            "seq_len_median",
+            |x| x.is_finite() && x >= 1.0,
+            "must be a finite number >= 1 (tokens)",
+        )?,
+        seq_len_sigma: g
+            .f64_where(
+                "seq_len_sigma",
+                |x| x.is_finite() && (0.0..=5.0).contains(&x),
+                "must be in [0, 5]",
+            )?
+            .unwrap_or(d.seq_len_sigma),
+        state_bytes_per_param: state,
+        restart_s: g
+            .f64_where("reconfig_restart_s", |x| x.is_finite() && x >= 0.0, NONNEG)?
+            .unwrap_or(d.restart_s),
+        checkpoint_restart_s: g
+            .f64_where(
+                "checkpoint_restart_s",
+                |x| x.is_finite() && x >= 0.0,
+                NONNEG,
+            )?
+            .unwrap_or(d.checkpoint_restart_s),
+        checkpoint_interval_s: g
+            .f64_where("checkpoint_period_s", |x| x.is_finite() && x > 0.0, POS)?
+            .unwrap_or(d.checkpoint_interval_s),
+        stage_tp,
+        memory_fraction: g
+            .f64_where(
+                "memory_fraction",
+                |x| x > 0.0 && x <= 1.0,
+                "must be a fraction in (0, 1]",
+            )?
+            .unwrap_or(d.memory_fraction),
     })
 }
 

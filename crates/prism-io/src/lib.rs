@@ -15,6 +15,7 @@ pub mod kineto;
 pub mod plot;
 pub mod presets;
 pub mod report_json;
+pub mod resilience;
 pub mod samples;
 pub mod trace;
 pub mod validation;
