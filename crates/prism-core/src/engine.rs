@@ -25,7 +25,7 @@ use crate::cost::compute::{ComputeModel, ComputeParams, KernelTable};
 use crate::graph::{ExecutionGraph, NUM_STREAMS, OpKind, Program, Stream};
 use crate::job::{Cluster, Job};
 use crate::layout::{GROUP_KINDS, GroupKind, Layout};
-use crate::network::{Fabric, FlowEnd, LinkId, Network, normalize};
+use crate::network::{Fabric, FlowEnd, FlowId, LinkId, Network, normalize};
 use crate::ops::OpClass;
 use crate::report::{Breakdown, RankTiming, Summary};
 use crate::units::SimTime;
@@ -161,10 +161,23 @@ pub struct SimResult {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    OpDone { inst: u32, stream: u8 },
-    CollDone { kind: u8, id: u32 },
-    SendDone { inst: u32 },
-    Flow { flow: u32, generation: u32 },
+    OpDone {
+        inst: u32,
+        stream: u8,
+    },
+    CollDone {
+        kind: u8,
+        id: u32,
+    },
+    SendDone {
+        inst: u32,
+    },
+    Flow {
+        flow: u32,
+        generation: u32,
+    },
+    /// A WAN link's turn ended: waiting pipeline sends may start.
+    WanFree,
 }
 
 /// The pending-event set: the events of the current instant in a FIFO; later events in one
@@ -633,7 +646,7 @@ pub fn symmetry_check_layout(layout: &Layout, fabric: &Fabric) -> Result<(), Sim
     for class in &classes {
         links.clear();
         class_links(layout, fabric, class, &mut links);
-        let mut per_type: [Option<u32>; 6] = [None; 6];
+        let mut per_type: [Option<u32>; 8] = [None; 8];
         for &(l, c) in &links {
             let t = fabric.link_type(l);
             match per_type[t] {
@@ -680,10 +693,10 @@ impl FlowClass {
 
     /// True when some copies cross leaf (or pod) uplinks and others do not, or not as often.
     fn copies_touching_leaves(&self, layout: &Layout, fabric: &Fabric) -> bool {
-        let mut counts: Vec<[usize; 6]> = Vec::new();
+        let mut counts: Vec<[usize; 8]> = Vec::new();
         let mut buf = Vec::new();
         for_each_copy(layout, fabric, self, &mut buf, |links| {
-            let mut per_type = [0; 6];
+            let mut per_type = [0; 8];
             for &(l, c) in links {
                 per_type[fabric.link_type(l)] += c as usize;
             }
@@ -834,6 +847,32 @@ struct Sim<'a> {
     remaining_ops: u64,
     /// An event fell beyond `units::TIME_LIMIT`.
     too_long: bool,
+    /// WAN latency per step of each cached collective (same shape as `links_cache`).
+    wan_lat_cache: Vec<Vec<Option<SimTime>>>,
+    /// Temporal sharing of WAN links ([`crate::wan::WanSharing::Temporal`]).
+    turns: WanTurns,
+}
+
+/// Temporal sharing of WAN links: who owns each link, and the sends waiting for their turn.
+#[derive(Default)]
+struct WanTurns {
+    /// Per WAN link: the pipeline (tag) owning it, its flows in flight, and the time until
+    /// which the other pipelines' turns (reduced runs) keep it.
+    gates: std::collections::BTreeMap<LinkId, (Option<u64>, u32, SimTime)>,
+    /// Sends waiting for their turn, in arrival order.
+    waiting: std::collections::VecDeque<Waiting>,
+    /// Per flow id: the WAN links it owns, when it started, its pipeline tag.
+    owned: Vec<Option<(Vec<LinkId>, SimTime, u64)>>,
+    /// Reduced runs: the largest delay of the last pipeline behind the representative.
+    lag: SimTime,
+}
+
+struct Waiting {
+    links: Links,
+    wan: Vec<LinkId>,
+    plan: CommPlan,
+    owner: Owner,
+    tag: u64,
 }
 
 /// Link usages of one flow.
@@ -962,6 +1001,20 @@ impl<'a> Sim<'a> {
             timelines,
             remaining_ops,
             too_long: false,
+            wan_lat_cache: GROUP_KINDS
+                .iter()
+                .map(|&k| {
+                    vec![
+                        None;
+                        if full {
+                            layout.group_count(k) as usize
+                        } else {
+                            layout.pp as usize
+                        }
+                    ]
+                })
+                .collect(),
+            turns: WanTurns::default(),
         }
     }
 
@@ -1134,6 +1187,14 @@ impl<'a> Sim<'a> {
                     return;
                 }
                 self.net.finish(flow);
+                if self
+                    .turns
+                    .owned
+                    .get(flow as usize)
+                    .is_some_and(|o| o.is_some())
+                {
+                    self.end_turn(flow);
+                }
                 let owner = self.owners[flow as usize].take().expect("flow owner");
                 match owner {
                     Owner::Coll {
@@ -1155,7 +1216,127 @@ impl<'a> Sim<'a> {
                     }
                 }
             }
+            Event::WanFree => self.start_turns(),
         }
+    }
+
+    /// A pipeline send that owned WAN links ended: it gives them up (in a reduced run they
+    /// stay taken for the other pipelines' turns, each as long as this one) and waiting sends
+    /// get their turn.
+    fn end_turn(&mut self, flow: FlowId) {
+        let (wan, started, _) = self.turns.owned[flow as usize].take().expect("owned");
+        let pipelines = if self.full { 1 } else { self.layout.dp };
+        let lag = (pipelines as SimTime - 1) * (self.now - started);
+        self.turns.lag = self.turns.lag.max(lag);
+        for l in wan {
+            let g = self.turns.gates.get_mut(&l).expect("gate");
+            g.1 -= 1;
+            if g.1 == 0 {
+                g.0 = None;
+                g.2 = self.now + lag;
+            }
+        }
+        self.push(self.now + lag, Event::WanFree);
+    }
+
+    /// Starts every waiting send whose WAN links are free for it, in arrival order; a send
+    /// still waiting keeps its links from later sends (first come, first served).
+    fn start_turns(&mut self) {
+        let mut blocked: Vec<LinkId> = Vec::new();
+        let mut i = 0;
+        while i < self.turns.waiting.len() {
+            let w = &self.turns.waiting[i];
+            let free = w.wan.iter().all(|l| {
+                !blocked.contains(l)
+                    && self.turns.gates.get(l).is_none_or(|&(holder, _, until)| {
+                        until <= self.now && holder.is_none_or(|h| h == w.tag)
+                    })
+            });
+            if !free {
+                blocked.extend_from_slice(&w.wan);
+                i += 1;
+                continue;
+            }
+            let w = self.turns.waiting.remove(i).expect("waiting send");
+            for &l in &w.wan {
+                let g = self.turns.gates.entry(l).or_insert((None, 0, 0));
+                g.0 = Some(w.tag);
+                g.1 += 1;
+            }
+            let f = self.add_flow(&w.links, w.plan, w.owner);
+            if self.turns.owned.len() <= f as usize {
+                self.turns.owned.resize(f as usize + 1, None);
+            }
+            self.turns.owned[f as usize] = Some((w.wan, self.now, w.tag));
+        }
+    }
+
+    /// Queues a pipeline send that crosses WAN links for its turn (temporal sharing). In a
+    /// reduced run the flow stands for one pipeline's copies (the representative's), so its WAN
+    /// counts are divided by the data-parallel degree.
+    fn queue_turn(&mut self, rank: u32, mut links: Links, plan: CommPlan, owner: Owner) {
+        let mut wan = Vec::new();
+        for (l, c) in links.iter_mut() {
+            if self.fabric.is_wan(*l) {
+                wan.push(*l);
+                if !self.full {
+                    *c = c.div_ceil(self.layout.dp).max(1);
+                }
+            }
+        }
+        let tag = if self.full {
+            self.layout.coord(rank).dp as u64
+        } else {
+            0
+        };
+        self.turns.waiting.push_back(Waiting {
+            links,
+            wan,
+            plan,
+            owner,
+            tag,
+        });
+        self.start_turns();
+    }
+
+    /// Latency each step of a collective over `members` adds for the WAN: the longest one-way
+    /// WAN latency between ring neighbours (any two members for an all-to-all), times the
+    /// sequential steps of the algorithm (ring all-reduce `2 (n - 1)`, all-gather and
+    /// reduce-scatter `n - 1`, all-to-all 1).
+    fn wan_collective_latency(&self, coll: comm::Collective, members: &[u32]) -> SimTime {
+        let n = members.len();
+        if n < 2 || !self.fabric.is_multi_dc() {
+            return 0;
+        }
+        let (hop, steps) = if coll == comm::Collective::AllToAll {
+            let mut firsts: Vec<u32> = Vec::new();
+            for &m in members {
+                if !firsts
+                    .iter()
+                    .any(|&f| self.fabric.dc(f) == self.fabric.dc(m))
+                {
+                    firsts.push(m);
+                }
+            }
+            let mut hop = 0;
+            for &a in &firsts {
+                for &b in &firsts {
+                    hop = hop.max(self.fabric.wan_latency_ps(a, b));
+                }
+            }
+            (hop, 1)
+        } else {
+            let hop = (0..n)
+                .map(|i| self.fabric.wan_latency_ps(members[i], members[(i + 1) % n]))
+                .max()
+                .unwrap_or(0);
+            let steps = match coll {
+                comm::Collective::AllReduce => 2 * (n - 1),
+                _ => n - 1,
+            };
+            (hop, steps)
+        };
+        hop * steps as SimTime
     }
 
     /// Puts the message of `inst`'s current send into the receiver's mailbox.
@@ -1477,12 +1658,17 @@ impl<'a> Sim<'a> {
             }
             self.links_cache[k][key] = Some(links);
         }
+        if self.wan_lat_cache[k][key].is_none() {
+            let members: Vec<u32> = self.layout.members(kind, group).collect();
+            self.wan_lat_cache[k][key] = Some(self.wan_collective_latency(coll, &members));
+        }
+        let wan_latency = self.wan_lat_cache[k][key].expect("cached");
         let links = self.links_cache[k][key].as_deref().expect("cached");
         let owner = Owner::Coll {
             kind: k as u8,
             id,
             min_end: self.now + plan.nvlink_ps,
-            latency: plan.latency_ps,
+            latency: plan.latency_ps + wan_latency,
         };
         self.add_flow(links.to_vec().as_slice(), plan, owner);
     }
@@ -1502,14 +1688,20 @@ impl<'a> Sim<'a> {
         plan
     }
 
-    fn add_flow(&mut self, links: &[(LinkId, u32)], plan: CommPlan, owner: Owner) {
-        let f = self
-            .net
-            .add(self.now, links, self.fabric.flow_bytes(plan.nic_bytes), 0);
+    fn add_flow(&mut self, links: &[(LinkId, u32)], plan: CommPlan, owner: Owner) -> FlowId {
+        let cap = self.fabric.flow_cap(links);
+        let f = self.net.add_capped(
+            self.now,
+            links,
+            self.fabric.flow_bytes(plan.nic_bytes),
+            0,
+            cap,
+        );
         if self.owners.len() <= f as usize {
             self.owners.resize(f as usize + 1, None);
         }
         self.owners[f as usize] = Some(owner);
+        f
     }
 
     fn start_send(&mut self, inst: u32, delta: i8, bytes: u64) {
@@ -1531,13 +1723,18 @@ impl<'a> Sim<'a> {
         let owner = Owner::Send {
             inst,
             min_end: self.now,
-            latency: plan.latency_ps,
+            latency: plan.latency_ps + self.fabric.wan_latency_ps(rank, peer),
         };
+        let turns = self.fabric.wan_temporal() && self.fabric.dc(rank) != self.fabric.dc(peer);
         if self.full {
             let mut links = std::mem::take(&mut self.scratch_links);
             links.clear();
             self.fabric.route(rank, peer, &mut links);
-            self.add_flow(&links, plan, owner);
+            if turns {
+                self.queue_turn(rank, links.clone(), plan, owner);
+            } else {
+                self.add_flow(&links, plan, owner);
+            }
             self.scratch_links = links;
         } else {
             let stage = self.layout.coord(rank).pp;
@@ -1553,18 +1750,25 @@ impl<'a> Sim<'a> {
                 self.send_links_cache[key] = Some(links);
             }
             let links = self.send_links_cache[key].clone().expect("cached");
-            self.add_flow(&links, plan, owner);
+            if turns {
+                self.queue_turn(rank, links, plan, owner);
+            } else {
+                self.add_flow(&links, plan, owner);
+            }
         }
     }
 
     /// The iteration time (the last end of any instance) and every instance's timing, by rank.
     fn finish(&mut self) -> (SimTime, Vec<RankTiming>) {
+        // Reduced runs with WAN turns: the last pipeline ends its turns behind the
+        // representative (the first), by at most the longest lag.
         let iteration_ps = self
             .insts
             .iter()
             .map(|i| *i.last_done.iter().max().unwrap_or(&0))
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            + self.turns.lag;
         let mut ranks = Vec::with_capacity(self.insts.len());
         for i in &mut self.insts {
             let own_end = *i.last_done.iter().max().unwrap_or(&0);

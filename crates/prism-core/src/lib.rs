@@ -41,5 +41,6 @@ pub mod recorded;
 pub mod report;
 pub mod straggler;
 pub mod units;
+pub mod wan;
 
 pub use engine::{Mode, SimOptions, SimResult, simulate};
