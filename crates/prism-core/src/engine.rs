@@ -143,6 +143,20 @@ pub enum SimError {
     },
 }
 
+/// One transfer over a directed WAN link (multi-datacenter jobs): a flow's time on the link
+/// and the bytes all its copies moved over it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WanTransfer {
+    /// Directed WAN link: `2 i` for `a -> b` of the job's link `i`, `2 i + 1` for `b -> a`.
+    pub link: u32,
+    /// Start, ps.
+    pub start: SimTime,
+    /// End, ps.
+    pub end: SimTime,
+    /// Bytes over the link (all copies the flow stands for).
+    pub bytes: u64,
+}
+
 /// Result of a simulation.
 #[derive(Clone, Debug)]
 pub struct SimResult {
@@ -157,6 +171,8 @@ pub struct SimResult {
     pub graph: ExecutionGraph,
     /// Events processed.
     pub events: u64,
+    /// Transfers over WAN links, in completion order (empty for a single-DC job).
+    pub wan: Vec<WanTransfer>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -429,12 +445,14 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     }
     let timelines = sim.timelines;
     let events = sim.events;
+    let wan = sim.wan_done;
     Ok(SimResult {
         summary,
         ranks,
         timelines,
         graph,
         events,
+        wan,
     })
 }
 
@@ -851,6 +869,10 @@ struct Sim<'a> {
     wan_lat_cache: Vec<Vec<Option<SimTime>>>,
     /// Temporal sharing of WAN links ([`crate::wan::WanSharing::Temporal`]).
     turns: WanTurns,
+    /// Per flow id: when it started and the bytes it moves over each WAN link it crosses.
+    wan_flows: Vec<Option<(SimTime, Vec<(u32, u64)>)>>,
+    /// Finished WAN transfers.
+    wan_done: Vec<WanTransfer>,
 }
 
 /// Temporal sharing of WAN links: who owns each link, and the sends waiting for their turn.
@@ -1015,6 +1037,8 @@ impl<'a> Sim<'a> {
                 })
                 .collect(),
             turns: WanTurns::default(),
+            wan_flows: Vec::new(),
+            wan_done: Vec::new(),
         }
     }
 
@@ -1187,6 +1211,34 @@ impl<'a> Sim<'a> {
                     return;
                 }
                 self.net.finish(flow);
+                if let Some((start, per_link)) =
+                    self.wan_flows.get_mut(flow as usize).and_then(Option::take)
+                {
+                    // A reduced run's pipeline send in turns stands for every pipeline's
+                    // transfer, one turn after another, each as long as this one.
+                    let turns = if !self.full
+                        && self
+                            .turns
+                            .owned
+                            .get(flow as usize)
+                            .is_some_and(|o| o.is_some())
+                    {
+                        self.layout.dp as u64
+                    } else {
+                        1
+                    };
+                    let d = self.now - start;
+                    for (link, bytes) in per_link {
+                        for k in 0..turns {
+                            self.wan_done.push(WanTransfer {
+                                link,
+                                start: start + k * d,
+                                end: start + (k + 1) * d,
+                                bytes: bytes / turns,
+                            });
+                        }
+                    }
+                }
                 if self
                     .turns
                     .owned
@@ -1264,6 +1316,14 @@ impl<'a> Sim<'a> {
                 g.1 += 1;
             }
             let f = self.add_flow(&w.links, w.plan, w.owner);
+            if !self.full {
+                // Every pipeline's bytes cross the link (one turn each).
+                if let Some(Some((_, per_link))) = self.wan_flows.get_mut(f as usize) {
+                    for (_, b) in per_link.iter_mut() {
+                        *b *= self.layout.dp as u64;
+                    }
+                }
+            }
             if self.turns.owned.len() <= f as usize {
                 self.turns.owned.resize(f as usize + 1, None);
             }
@@ -1701,6 +1761,17 @@ impl<'a> Sim<'a> {
             self.owners.resize(f as usize + 1, None);
         }
         self.owners[f as usize] = Some(owner);
+        if self.fabric.is_multi_dc() {
+            let per_flow = self.fabric.flow_bytes(plan.nic_bytes);
+            let per_link: Vec<(u32, u64)> = links
+                .iter()
+                .filter_map(|&(l, c)| self.fabric.wan_index(l).map(|i| (i, per_flow * c as u64)))
+                .collect();
+            if self.wan_flows.len() <= f as usize {
+                self.wan_flows.resize(f as usize + 1, None);
+            }
+            self.wan_flows[f as usize] = (!per_link.is_empty()).then_some((self.now, per_link));
+        }
         f
     }
 

@@ -236,6 +236,12 @@ impl Fabric {
         !self.wan.dc_of_node.is_empty() && l >= self.wan.base
     }
 
+    /// Index of WAN link `l` among the directed WAN links (`2 i` and `2 i + 1` for the two
+    /// directions of the job's link `i`); `None` for other links.
+    pub fn wan_index(&self, l: LinkId) -> Option<u32> {
+        self.is_wan(l).then(|| l - self.wan.base)
+    }
+
     /// True when the cluster spans several datacenters.
     pub fn is_multi_dc(&self) -> bool {
         !self.wan.dc_of_node.is_empty()
