@@ -46,6 +46,10 @@ enum Command {
     /// Hybrid emulation (PrismLLM): slice recorded traces into a target-scale graph, or run
     /// the coordinator that plays every virtual rank while real ranks connect.
     Emulate(emulate::EmulateArgs),
+    /// Training across datacenters: ATLAS placement (plan), BUBBLETEA prefill in the bubbles
+    /// (bubbles), scenario sweeps (sweep).
+    #[command(subcommand)]
+    Geo(geo::GeoCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -95,6 +99,9 @@ mod calibrate;
 mod emulate;
 mod explore;
 mod fit;
+mod geo;
+mod geo_bubbles;
+mod geo_sweep;
 mod predict;
 mod profile;
 mod validate;
@@ -115,6 +122,7 @@ fn main() -> ExitCode {
         Command::Fit(args) => fit::run(&args),
         Command::Explore(args) => explore::run(&args),
         Command::Emulate(args) => emulate::run(&args),
+        Command::Geo(cmd) => geo::run(&cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

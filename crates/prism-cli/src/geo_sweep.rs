@@ -1,0 +1,6 @@
+//! `prism geo sweep`.
+#[derive(Debug, clap::Args)]
+pub struct SweepArgs {}
+pub fn run(_a: &SweepArgs) -> anyhow::Result<()> {
+    anyhow::bail!("not yet")
+}

@@ -1,0 +1,192 @@
+//! Formats of `prism geo`: JSON reports and SVG timelines (WAN link use; a GPU's schedule with
+//! admitted prefill).
+
+use plotters::prelude::*;
+use prism_geo::plan::{Evaluated, Plan};
+use serde_json::{Value, json};
+
+fn evaluated_json(e: &Evaluated, iterations: u64) -> Value {
+    let p = &e.placement;
+    let names = &e.job.cluster.topology.wan.datacenters;
+    let dcs: Vec<Value> = p
+        .dcs
+        .iter()
+        .zip(&p.per_dc)
+        .enumerate()
+        .map(|(k, (&d, &units))| {
+            let name = names
+                .get(k)
+                .map_or_else(|| format!("dc{d}"), |x| x.name.clone());
+            json!({ "datacenter": name, "units": units })
+        })
+        .collect();
+    json!({
+        "design": e.design.name(),
+        "pp": p.pp,
+        "dp": p.dp,
+        "tp": e.job.parallel.tp,
+        "micro_batch": p.micro_batch,
+        "recompute_full": p.recompute_full,
+        "gpus": e.gpus(),
+        "datacenters": dcs,
+        "iteration_time_s": e.iteration_s,
+        "training_time_s": e.iteration_s * iterations as f64,
+        "mfu": e.mfu,
+        "bubble_fraction": e.bubble_fraction,
+        "wan_utilisation": e.wan_utilisation(),
+        "wan_bytes_per_iteration": e.wan_bytes.iter().sum::<u64>(),
+        "wan_sharing": e.job.cluster.topology.wan.sharing.name(),
+    })
+}
+
+/// `prism geo plan --json`.
+pub fn plan_json(plan: &Plan) -> Value {
+    let it = plan.options.iterations;
+    let baselines: Vec<Value> = plan
+        .baselines
+        .iter()
+        .map(|b| {
+            let mut v = evaluated_json(b, it);
+            v["atlas_speedup"] = json!(b.iteration_s / plan.atlas.iteration_s);
+            v
+        })
+        .collect();
+    json!({
+        "atlas": evaluated_json(&plan.atlas, it),
+        "baselines": baselines,
+        "iterations": it,
+        "candidates_simulated": plan.simulated,
+        "options": {
+            "temporal_sharing": plan.options.temporal,
+            "multi_connection": plan.options.multi_connection,
+            "dc_order_search": plan.options.dc_order_search,
+            "micro_batches": plan.options.micro_batches,
+        },
+    })
+}
+
+/// Rows of a Gantt-style timeline: a label and its bars `(start s, end s, level in [0, 1],
+/// colour index)`.
+#[derive(Clone, Debug, Default)]
+pub struct TimelineRow {
+    /// Row label.
+    pub label: String,
+    /// Bars: start and end in seconds, height as a fraction of the row, colour index.
+    pub bars: Vec<(f64, f64, f64, usize)>,
+}
+
+const COLORS: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+];
+
+/// Renders rows of bars over time as SVG text (`legend`: the meaning of each colour index).
+pub fn timeline_svg(
+    title: &str,
+    rows: &[TimelineRow],
+    end_s: f64,
+    legend: &[&str],
+) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let h = 160 + 60 * rows.len() as u32;
+        let root = SVGBackend::with_string(&mut svg, (1100, h)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let n = rows.len().max(1) as f64;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(160)
+            .build_cartesian_2d(0.0..end_s.max(1e-9), 0.0..n)
+            .map_err(|e| e.to_string())?;
+        let labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
+        chart
+            .configure_mesh()
+            .x_desc("time in the iteration (s)")
+            .y_labels(rows.len().max(1))
+            .y_label_formatter(&|y| {
+                let i = (n - y - 0.5).round() as i64;
+                labels
+                    .get(i.max(0) as usize)
+                    .filter(|_| (y.fract() - 0.5).abs() < 0.01)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .disable_y_mesh()
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, row) in rows.iter().enumerate() {
+            let base = n - 1.0 - i as f64 + 0.1;
+            for &(s, e, level, c) in &row.bars {
+                let top = base + 0.8 * level.clamp(0.0, 1.0);
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(s, base), (e.max(s), top)],
+                        COLORS[c % COLORS.len()].mix(0.8).filled(),
+                    )))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        for (c, name) in legend.iter().enumerate() {
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(0.0, -1.0), (0.0, -1.0)],
+                    COLORS[c % COLORS.len()].filled(),
+                )))
+                .map_err(|e| e.to_string())?
+                .label(*name)
+                .legend(move |(x, y)| {
+                    Rectangle::new(
+                        [(x, y - 5), (x + 12, y + 5)],
+                        COLORS[c % COLORS.len()].filled(),
+                    )
+                });
+        }
+        if !legend.is_empty() {
+            chart
+                .configure_series_labels()
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.9))
+                .draw()
+                .map_err(|e| e.to_string())?;
+        }
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+/// The WAN links' use over one iteration of `e`: one row per directed link that carries
+/// traffic, each transfer a bar whose height is its mean rate over the link's capacity.
+pub fn wan_timeline_rows(e: &Evaluated) -> Vec<TimelineRow> {
+    let w = &e.job.cluster.topology.wan;
+    let mut rows = Vec::new();
+    for (i, l) in w.links.iter().enumerate() {
+        for dir in 0..2u32 {
+            let idx = 2 * i as u32 + dir;
+            let (a, b) = if dir == 0 { (l.a, l.b) } else { (l.b, l.a) };
+            let cap = l.bytes_per_s() as f64;
+            let bars: Vec<(f64, f64, f64, usize)> = e
+                .wan_transfers
+                .iter()
+                .filter(|t| t.link == idx && t.end > t.start)
+                .map(|t| {
+                    let (s, en) = (t.start as f64 * 1e-12, t.end as f64 * 1e-12);
+                    (s, en, t.bytes as f64 / (en - s) / cap, dir as usize)
+                })
+                .collect();
+            if !bars.is_empty() {
+                rows.push(TimelineRow {
+                    label: format!(
+                        "{} -> {}",
+                        w.datacenters[a as usize].name, w.datacenters[b as usize].name
+                    ),
+                    bars,
+                });
+            }
+        }
+    }
+    rows
+}
