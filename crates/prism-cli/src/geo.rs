@@ -24,14 +24,14 @@ pub enum GeoCommand {
 #[derive(Debug, clap::Args)]
 pub struct JobArgs {
     /// Job file with a `[wan]` section (docs/job-format.md).
-    job: PathBuf,
+    pub job: PathBuf,
     /// Override a job key, e.g. `--set wan.link_gbps=100` (repeatable).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     sets: Vec<String>,
 }
 
 impl JobArgs {
-    fn load(&self) -> Result<Job> {
+    pub fn load(&self) -> Result<Job> {
         Ok(prism_io::jobfile::load_job_file(&self.job, &self.sets)?.job)
     }
 }

@@ -317,7 +317,26 @@ pub fn simulate_or_full(job: &Job, opts: &SimOptions) -> Result<SimResult, SimEr
 /// Simulates one iteration of a validated job.
 pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     crate::graph::size_check(job).map_err(SimError::TooLarge)?;
-    let graph = ExecutionGraph::build(job);
+    simulate_with_graph(job, ExecutionGraph::build(job), opts)
+}
+
+/// [`simulate`] of `job` running `graph` instead of the graph the job builds: the job's graph
+/// with ops added (e.g. [`crate::insert::with_compute_inserted`]: inference prefill placed in
+/// the pipeline bubbles). Compute ops with [`Work::Measured`](crate::ops::Work::Measured)
+/// durations take them; the others are priced by the job's cost model.
+pub fn simulate_with_graph(
+    job: &Job,
+    graph: ExecutionGraph,
+    opts: &SimOptions,
+) -> Result<SimResult, SimError> {
+    if graph.programs.len() != graph.layout.pp as usize
+        || graph.layout.pp != job.parallel.pp
+        || graph.layout.num_ranks() as u64 != job.num_gpus()
+    {
+        return Err(SimError::InvalidOption(
+            "the graph does not belong to the job (its layout differs)".into(),
+        ));
+    }
     let layout = graph.layout;
     let n = layout.num_ranks();
     for &r in opts.record_ranks.iter().chain(match &opts.mode {
@@ -869,6 +888,8 @@ struct Sim<'a> {
     wan_lat_cache: Vec<Vec<Option<SimTime>>>,
     /// Temporal sharing of WAN links ([`crate::wan::WanSharing::Temporal`]).
     turns: WanTurns,
+    /// Per stage and send direction: the WAN limits those sends ([`Sim::wan_contended`]).
+    contended: Vec<Option<bool>>,
     /// Per flow id: when it started and the bytes it moves over each WAN link it crosses.
     wan_flows: Vec<Option<(SimTime, Vec<(u32, u64)>)>>,
     /// Finished WAN transfers.
@@ -1039,6 +1060,7 @@ impl<'a> Sim<'a> {
             turns: WanTurns::default(),
             wan_flows: Vec::new(),
             wan_done: Vec::new(),
+            contended: Vec::new(),
         }
     }
 
@@ -1357,6 +1379,39 @@ impl<'a> Sim<'a> {
             tag,
         });
         self.start_turns();
+    }
+
+    /// True when the WAN is what limits the sends of `rank`'s stage in direction `delta` if
+    /// every copy (every pipeline) sends at once: its fair share per copy is below what the
+    /// other links and the TCP cap allow. Only then do pipelines take turns; where the NICs
+    /// are the bottleneck, turns would only serialise them.
+    fn wan_contended(&mut self, rank: u32, delta: i8) -> bool {
+        let stage = self.layout.coord(rank).pp;
+        let key = 2 * stage as usize + (delta > 0) as usize;
+        if self.contended.len() < 2 * self.layout.pp as usize {
+            self.contended = vec![None; 2 * self.layout.pp as usize];
+        }
+        if let Some(c) = self.contended[key] {
+            return c;
+        }
+        let mut links = Vec::new();
+        class_links(
+            &self.layout,
+            &self.fabric,
+            &FlowClass::Send { stage, delta },
+            &mut links,
+        );
+        let share = |wan: bool| {
+            links
+                .iter()
+                .filter(|&&(l, _)| self.fabric.is_wan(l) == wan)
+                .map(|&(l, c)| self.fabric.capacity[l as usize] / c.max(1) as u64)
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let c = share(true) < share(false).min(self.fabric.flow_cap(&links));
+        self.contended[key] = Some(c);
+        c
     }
 
     /// Latency each step of a collective over `members` adds for the WAN: the longest one-way
@@ -1796,7 +1851,9 @@ impl<'a> Sim<'a> {
             min_end: self.now,
             latency: plan.latency_ps + self.fabric.wan_latency_ps(rank, peer),
         };
-        let turns = self.fabric.wan_temporal() && self.fabric.dc(rank) != self.fabric.dc(peer);
+        let turns = self.fabric.wan_temporal()
+            && self.fabric.dc(rank) != self.fabric.dc(peer)
+            && self.wan_contended(rank, delta);
         if self.full {
             let mut links = std::mem::take(&mut self.scratch_links);
             links.clear();

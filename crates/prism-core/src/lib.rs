@@ -31,6 +31,7 @@ pub mod cost;
 pub mod engine;
 pub mod flops;
 pub mod graph;
+pub mod insert;
 pub mod job;
 pub mod layout;
 pub mod memory;
@@ -43,4 +44,4 @@ pub mod straggler;
 pub mod units;
 pub mod wan;
 
-pub use engine::{Mode, SimOptions, SimResult, simulate};
+pub use engine::{Mode, SimOptions, SimResult, simulate, simulate_with_graph};

@@ -190,3 +190,80 @@ pub fn wan_timeline_rows(e: &Evaluated) -> Vec<TimelineRow> {
     }
     rows
 }
+
+/// Reads an arrival trace (CSV with a header naming `arrived_at` (s) and `num_prefill_tokens`
+/// columns, as Vidur's processed Splitwise traces; other columns ignored), sorted by arrival.
+pub fn read_arrival_trace(
+    path: &std::path::Path,
+) -> Result<Vec<prism_geo::bubbles::Request>, String> {
+    let shown = path.display();
+    let mut rd = csv::Reader::from_path(path).map_err(|e| format!("{shown}: {e}"))?;
+    let headers = rd.headers().map_err(|e| format!("{shown}: {e}"))?.clone();
+    let col = |name: &str| {
+        headers
+            .iter()
+            .position(|h| h.trim() == name)
+            .ok_or_else(|| format!("{shown}: no column `{name}` in the header"))
+    };
+    let (ta, tn) = (col("arrived_at")?, col("num_prefill_tokens")?);
+    let mut out = Vec::new();
+    for (i, rec) in rd.records().enumerate() {
+        let line = i + 2;
+        let rec = rec.map_err(|e| format!("{shown}:{line}: {e}"))?;
+        let field = |c: usize, what: &str| {
+            rec.get(c)
+                .map(str::trim)
+                .ok_or_else(|| format!("{shown}:{line}: missing {what}"))
+        };
+        let t: f64 = field(ta, "arrived_at")?
+            .parse()
+            .map_err(|_| format!("{shown}:{line}: arrived_at must be a number of seconds"))?;
+        let n: f64 = field(tn, "num_prefill_tokens")?
+            .parse()
+            .map_err(|_| format!("{shown}:{line}: num_prefill_tokens must be a number"))?;
+        if !(t.is_finite() && t >= 0.0) || !(n.is_finite() && (1.0..=1e7).contains(&n)) {
+            return Err(format!(
+                "{shown}:{line}: arrived_at must be >= 0 and num_prefill_tokens in [1, 1e7]"
+            ));
+        }
+        out.push(prism_geo::bubbles::Request {
+            arrival_s: t,
+            prompt_tokens: n.round() as u32,
+        });
+    }
+    out.sort_by(|a, b| a.arrival_s.total_cmp(&b.arrival_s));
+    Ok(out)
+}
+
+/// `prism geo bubbles --json`.
+pub fn bubbles_json(r: &prism_geo::bubbles::BubbleReport, model: &str, tp: u32) -> Value {
+    let grid: Vec<Value> = r
+        .prefill
+        .grid
+        .iter()
+        .map(|&(n, s)| json!({"tokens": n, "seconds": s}))
+        .collect();
+    json!({
+        "iteration_time_s": r.iteration_s,
+        "iteration_time_with_prefill_s": r.iteration_with_prefill_s,
+        "training_slowdown": r.training_slowdown,
+        "max_kernel_shift_s": r.max_kernel_shift_s,
+        "idle_fraction": r.idle_fraction,
+        "gpu_utilisation_without": r.utilisation_without,
+        "gpu_utilisation_with": r.utilisation_with,
+        "requests": r.requests,
+        "admitted": r.admitted.len(),
+        "admitted_fraction": r.admitted.len() as f64 / r.requests.max(1) as f64,
+        "prefill_per_s": r.prefill_per_s(),
+        "prefill_tokens_per_s": r.tokens_per_s(),
+        "ttft_p50_s": r.ttft_p50_s,
+        "ttft_p99_s": r.ttft_p99_s,
+        "slo_s": r.slo_s,
+        "horizon_s": r.horizon_s,
+        "inference_model": model,
+        "inference_tp": tp,
+        "instances_per_stage": r.instances_per_stage,
+        "stages_fitting_memory": r.stages_fitting.iter().filter(|&&f| f).count(),
+        "prefill_latency_grid": grid,
+    })
+}
