@@ -422,16 +422,24 @@ pub fn bubbles(
     requests: &[Request],
     opts: &BubbleOptions,
 ) -> Result<BubbleReport, SimError> {
+    let tp = opts.tp.clamp(1, job.cluster.gpus_per_node);
+    let max_tokens = requests.iter().map(|r| r.prompt_tokens).max().unwrap_or(256);
+    let prefill = PrefillModel::new(job, &opts.model, tp, max_tokens)?;
+    bubbles_with(job, requests, opts, prefill)
+}
+
+/// [`bubbles`] with a prefill model already made (it must cover the longest prompt).
+pub fn bubbles_with(
+    job: &Job,
+    requests: &[Request],
+    opts: &BubbleOptions,
+    prefill: PrefillModel,
+) -> Result<BubbleReport, SimError> {
     let sched = training_schedule(job)?;
     let pp = job.parallel.pp;
     let t_it = sched.iteration_ps as f64 * 1e-12;
     let tp = opts.tp.clamp(1, job.cluster.gpus_per_node);
-    let max_tokens = requests
-        .iter()
-        .map(|r| r.prompt_tokens)
-        .max()
-        .unwrap_or(256);
-    let prefill = PrefillModel::new(job, &opts.model, tp, max_tokens)?;
+    let max_tokens = requests.iter().map(|r| r.prompt_tokens).max().unwrap_or(256);
     // Memory beside training: weights + KV of the longest prompt + activations of one layer
     // (a few hidden-sized tensors per token), per GPU.
     let hbm = job.cluster.gpu.hbm_gib * (1u64 << 30) as f64;
@@ -445,9 +453,11 @@ pub fn bubbles(
         .collect();
     let stage_gpus = job.parallel.tp * job.parallel.cp * job.parallel.dp;
     let instances = (stage_gpus / tp).max(1);
-    // Per stage, the free time of each instance (s); instances are identical, so the earliest
-    // free one is the one to use.
-    let mut free: Vec<Vec<f64>> = vec![vec![0.0; instances as usize]; pp as usize];
+    // Per stage, the free times of its instances (s, as order-preserving bits of non-negative
+    // f64); instances are identical, so the earliest free one is the one to use.
+    let mut free: Vec<std::collections::BinaryHeap<std::cmp::Reverse<u64>>> = (0..pp)
+        .map(|_| (0..instances).map(|_| std::cmp::Reverse(0f64.to_bits())).collect())
+        .collect();
     let nic = job.cluster.nic_gbps * 1e9 / 8.0;
     let nic_lat = job.cluster.nic_latency_us * 1e-6;
     let guard = opts.guard_s.max(0.0);
@@ -457,17 +467,12 @@ pub fn bubbles(
     for (ri, r) in requests.iter().enumerate() {
         let p = prefill.seconds(r.prompt_tokens);
         let h = nic_lat + prefill.kv_bytes_per_token * r.prompt_tokens as f64 / (tp as f64 * nic);
-        let mut best: Option<(f64, u32, usize, usize, f64)> = None; // finish, stage, gap, inst, start
+        let mut best: Option<(f64, u32, usize, f64)> = None; // finish, stage, gap, start
         for s in 0..pp {
             if !stages_fitting[s as usize] {
                 continue;
             }
-            let (inst, f) = free[s as usize]
-                .iter()
-                .copied()
-                .enumerate()
-                .min_by(|a, b| a.1.total_cmp(&b.1))
-                .expect("instances");
+            let f = f64::from_bits(free[s as usize].peek().expect("instances").0);
             let t0 = r.arrival_s.max(f);
             let mut it = (t0 / t_it).floor().max(0.0) as u64;
             'scan: while (it as f64) * t_it <= r.arrival_s + opts.slo_s {
@@ -479,7 +484,7 @@ pub fn bubbles(
                     if start + p + h + guard <= ge {
                         let finish = start + p;
                         if finish - r.arrival_s <= opts.slo_s && best.is_none_or(|b| finish < b.0) {
-                            best = Some((finish, s, gi, inst, start));
+                            best = Some((finish, s, gi, start));
                         }
                         break 'scan;
                     }
@@ -487,8 +492,9 @@ pub fn bubbles(
                 it += 1;
             }
         }
-        if let Some((finish, s, gi, inst, start)) = best {
-            free[s as usize][inst] = finish + h;
+        if let Some((finish, s, gi, start)) = best {
+            free[s as usize].pop();
+            free[s as usize].push(std::cmp::Reverse((finish + h).to_bits()));
             let g = sched.gaps[s as usize][gi];
             let base = (start / t_it).floor() * t_it;
             let occ = ((finish + h + guard - base) * 1e12).round() as SimTime;

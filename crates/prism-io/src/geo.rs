@@ -267,3 +267,117 @@ pub fn bubbles_json(r: &prism_geo::bubbles::BubbleReport, model: &str, tp: u32) 
         "prefill_latency_grid": grid,
     })
 }
+
+/// Renders line series `(label, points)` as SVG text; `log_x` puts x on a log scale.
+pub fn lines_svg(
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    log_x: bool,
+) -> Result<String, String> {
+    const PALETTE: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(23, 190, 207),
+    ];
+    let pts = series.iter().flat_map(|s| s.1.iter());
+    let (mut x0, mut x1, mut y1) = (f64::INFINITY, 0.0f64, 0.0f64);
+    for &(x, y) in pts {
+        if x.is_finite() && y.is_finite() {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y1 = y1.max(y);
+        }
+    }
+    if !x0.is_finite() {
+        (x0, x1, y1) = (1.0, 10.0, 1.0);
+    }
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, 650)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut b = ChartBuilder::on(&root);
+        b.caption(title, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(60);
+        let y_range = 0.0..(y1 * 1.1).max(1e-9);
+        macro_rules! draw {
+            ($chart:expr) => {{
+                let mut chart = $chart;
+                chart
+                    .configure_mesh()
+                    .x_desc(x_desc)
+                    .y_desc(y_desc)
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+                for (i, (label, p)) in series.iter().enumerate() {
+                    let c = PALETTE[i % PALETTE.len()];
+                    chart
+                        .draw_series(LineSeries::new(p.iter().copied(), c.stroke_width(2)))
+                        .map_err(|e| e.to_string())?
+                        .label(label.as_str())
+                        .legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
+                        });
+                    chart
+                        .draw_series(p.iter().map(|&q| Circle::new(q, 3, c.filled())))
+                        .map_err(|e| e.to_string())?;
+                }
+                chart
+                    .configure_series_labels()
+                    .border_style(BLACK)
+                    .background_style(WHITE.mix(0.9))
+                    .position(SeriesLabelPosition::UpperLeft)
+                    .draw()
+                    .map_err(|e| e.to_string())?;
+            }};
+        }
+        if log_x {
+            draw!(b
+                .build_cartesian_2d((x0 * 0.9..x1 * 1.1).log_scale(), y_range)
+                .map_err(|e| e.to_string())?);
+        } else {
+            draw!(b
+                .build_cartesian_2d(x0..x1, y_range)
+                .map_err(|e| e.to_string())?);
+        }
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+/// `prism geo sweep --json`.
+pub fn sweep_json(rows: &[prism_geo::sweep::SweepRow]) -> Value {
+    use prism_geo::plan::Design;
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let sp = |d: Design| r.speedup(d);
+            json!({
+                "model": r.model,
+                "datacenters": r.dcs,
+                "wan_gbps": r.gbps,
+                "rtt_ms": r.rtt_ms,
+                "gpus": r.gpus,
+                "atlas_iteration_s": r.atlas_s,
+                "atlas_layout": r.atlas_layout.map(|(pp, dp, mb, g)| json!({"pp": pp, "dp": dp, "micro_batch": mb, "gpus": g})),
+                "baselines": r.baselines.iter().map(|(d, t)| json!({"design": d.name(), "iteration_s": t})).collect::<Vec<_>>(),
+                "speedup_over_dp_across_dcs": sp(Design::DpAcrossDcs),
+                "speedup_over_pp_fair": sp(Design::PpFairSharing),
+                "speedup_over_one_connection": sp(Design::OneConnection),
+                "wan_utilisation": r.wan_utilisation,
+                "gpu_utilisation_without_prefill": r.utilisation.map(|u| u.0),
+                "gpu_utilisation_with_prefill": r.utilisation.map(|u| u.1),
+                "training_slowdown": r.utilisation.map(|u| u.2),
+            })
+        })
+        .collect();
+    json!({ "rows": rows })
+}
