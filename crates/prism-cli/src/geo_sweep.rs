@@ -61,7 +61,10 @@ pub struct SweepArgs {
 
 fn template(preset: &str, nodes: u32, tp: u32, gb: u32) -> Result<prism_core::job::Job> {
     if tp == 0 || !(nodes * 8).is_multiple_of(tp) {
-        bail!("--tp {tp} must divide the {} GPUs of a datacenter", nodes * 8);
+        bail!(
+            "--tp {tp} must divide the {} GPUs of a datacenter",
+            nodes * 8
+        );
     }
     let text = format!(
         "[model]\npreset = \"{preset}\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = {nodes}\n\
@@ -107,10 +110,24 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         seed: 1,
     };
     if !a.json {
-        println!("Prism geo sweep: ATLAS speedup (baseline iteration / ATLAS iteration) and BUBBLETEA utilisation");
+        println!(
+            "Prism geo sweep: ATLAS speedup (baseline iteration / ATLAS iteration) and BUBBLETEA utilisation"
+        );
         println!(
             "  {:<12} {:>3} {:>6} {:>5} {:>6} {:>9} {:>16} {:>9} {:>9} {:>9} {:>7} {:>13} {:>9}",
-            "model", "DCs", "Gb/s", "RTT", "GPUs", "ATLAS s", "pp/dp/mb/GPUs", "vs DP", "vs PPfair", "vs 1conn", "WAN use", "util w/o->w", "slowdown"
+            "model",
+            "DCs",
+            "Gb/s",
+            "RTT",
+            "GPUs",
+            "ATLAS s",
+            "pp/dp/mb/GPUs",
+            "vs DP",
+            "vs PPfair",
+            "vs 1conn",
+            "WAN use",
+            "util w/o->w",
+            "slowdown"
         );
     }
     let json = a.json;
@@ -118,9 +135,9 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         if json {
             return;
         }
-        let lay = r.atlas_layout.map_or("-".into(), |(pp, dp, mb, g)| {
-            format!("{pp}/{dp}/{mb}/{g}")
-        });
+        let lay = r
+            .atlas_layout
+            .map_or("-".into(), |(pp, dp, mb, g)| format!("{pp}/{dp}/{mb}/{g}"));
         let u = r.utilisation.map_or("-".into(), |(w, x, _)| {
             format!("{:.1}->{:.1}%", 100.0 * w, 100.0 * x)
         });
@@ -195,13 +212,20 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&prism_io::geo::sweep_json(&rows))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&prism_io::geo::sweep_json(&rows))?
+        );
         return Ok(());
     }
     // Where the paper's headline figures are (or are not) reached.
     let mut best: Option<(f64, &SweepRow, Design)> = None;
     for r in &rows {
-        for d in [Design::DpAcrossDcs, Design::PpFairSharing, Design::OneConnection] {
+        for d in [
+            Design::DpAcrossDcs,
+            Design::PpFairSharing,
+            Design::OneConnection,
+        ] {
             if let Some(s) = r.speedup(d)
                 && best.is_none_or(|b| s > b.0)
             {
@@ -222,7 +246,12 @@ pub fn run(a: &SweepArgs) -> Result<()> {
     if let Some(r) = rows
         .iter()
         .filter(|r| r.utilisation.is_some())
-        .max_by(|a, b| a.utilisation.unwrap().1.total_cmp(&b.utilisation.unwrap().1))
+        .max_by(|a, b| {
+            a.utilisation
+                .unwrap()
+                .1
+                .total_cmp(&b.utilisation.unwrap().1)
+        })
     {
         let u = r.utilisation.unwrap();
         println!(

@@ -262,9 +262,9 @@ fn record_opts(job: &Job) -> SimOptions {
 fn schedule_of(r: &SimResult) -> Schedule1 {
     let t = (r.summary.iteration_time_s * 1e12).round() as SimTime;
     // With temporal WAN sharing the reduced run's representative is the first pipeline to
-    // take each turn; the others run the same schedule up to `lag` later (the iteration ends
-    // when the last does). Only what is idle for every offset in [0, lag] counts: each gap
-    // starts `lag` later, and the last one ends where the representative's own work ends.
+    // take each turn; the k-th runs up to k turns (at most `lag`) later, and the iteration ends
+    // when the last does. The gaps here are the representative's; admission shortens them per
+    // pipeline by its offset, and the last one ends where the representative's own work ends.
     let own_end = r
         .timelines
         .iter()
@@ -297,11 +297,9 @@ fn schedule_of(r: &SimResult) -> Schedule1 {
         let mut after = None;
         let mut b = 0;
         for &(pos, st, en) in &ops {
-            // Later pipelines only lengthen the warm-up gap: it starts at 0 for all.
-            let lead = if after.is_none() { 0 } else { lag };
-            if st > at + lead {
+            if st > at {
                 g.push(Gap {
-                    start: at + lead,
+                    start: at,
                     end: st,
                     after,
                 });
@@ -310,9 +308,9 @@ fn schedule_of(r: &SimResult) -> Schedule1 {
             at = en;
             after = Some(pos);
         }
-        if own_end > at + lag {
+        if own_end > at {
             g.push(Gap {
-                start: at + lag,
+                start: at,
                 end: own_end,
                 after,
             });
@@ -423,7 +421,11 @@ pub fn bubbles(
     opts: &BubbleOptions,
 ) -> Result<BubbleReport, SimError> {
     let tp = opts.tp.clamp(1, job.cluster.gpus_per_node);
-    let max_tokens = requests.iter().map(|r| r.prompt_tokens).max().unwrap_or(256);
+    let max_tokens = requests
+        .iter()
+        .map(|r| r.prompt_tokens)
+        .max()
+        .unwrap_or(256);
     let prefill = PrefillModel::new(job, &opts.model, tp, max_tokens)?;
     bubbles_with(job, requests, opts, prefill)
 }
@@ -439,7 +441,11 @@ pub fn bubbles_with(
     let pp = job.parallel.pp;
     let t_it = sched.iteration_ps as f64 * 1e-12;
     let tp = opts.tp.clamp(1, job.cluster.gpus_per_node);
-    let max_tokens = requests.iter().map(|r| r.prompt_tokens).max().unwrap_or(256);
+    let max_tokens = requests
+        .iter()
+        .map(|r| r.prompt_tokens)
+        .max()
+        .unwrap_or(256);
     // Memory beside training: weights + KV of the longest prompt + activations of one layer
     // (a few hidden-sized tensors per token), per GPU.
     let hbm = job.cluster.gpu.hbm_gib * (1u64 << 30) as f64;
@@ -453,10 +459,40 @@ pub fn bubbles_with(
         .collect();
     let stage_gpus = job.parallel.tp * job.parallel.cp * job.parallel.dp;
     let instances = (stage_gpus / tp).max(1);
-    // Per stage, the free times of its instances (s, as order-preserving bits of non-negative
-    // f64); instances are identical, so the earliest free one is the one to use.
-    let mut free: Vec<std::collections::BinaryHeap<std::cmp::Reverse<u64>>> = (0..pp)
-        .map(|_| (0..instances).map(|_| std::cmp::Reverse(0f64.to_bits())).collect())
+    // Instances belong to pipelines (data-parallel replicas); with temporal WAN sharing the
+    // k-th pipeline may run up to k turns behind the representative, so its gaps (all but the
+    // warm-up one, which later pipelines only lengthen) are usable only from `offset` after
+    // their start: idle for every shift in [0, offset]. Pipelines are grouped into classes
+    // sharing the class's largest offset.
+    let dp = job.parallel.dp.max(1);
+    let lag_s = sched.lag_ps as f64 * 1e-12;
+    let classes = if sched.lag_ps == 0 { 1 } else { dp.min(16) };
+    let per_pipeline = (job.parallel.tp * job.parallel.cp / tp).max(1);
+    let class_of =
+        |i: u32| ((i / per_pipeline).min(dp - 1) as u64 * classes as u64 / dp as u64) as u32;
+    let offset: Vec<f64> = (0..classes)
+        .map(|c| {
+            // The last pipeline of class c.
+            let last =
+                (((c + 1) as u64 * dp as u64).div_ceil(classes as u64) - 1).min(dp as u64 - 1);
+            if dp > 1 {
+                lag_s * last as f64 / (dp - 1) as f64
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    // Per stage and class, the free times of its instances (s, as order-preserving bits of
+    // non-negative f64); instances of a class are identical, so the earliest free one is used.
+    let mut free: Vec<Vec<std::collections::BinaryHeap<std::cmp::Reverse<u64>>>> = (0..pp)
+        .map(|_| {
+            let mut v: Vec<std::collections::BinaryHeap<std::cmp::Reverse<u64>>> =
+                vec![Default::default(); classes as usize];
+            for i in 0..instances {
+                v[class_of(i) as usize].push(std::cmp::Reverse(0f64.to_bits()));
+            }
+            v
+        })
         .collect();
     let nic = job.cluster.nic_gbps * 1e9 / 8.0;
     let nic_lat = job.cluster.nic_latency_us * 1e-6;
@@ -467,24 +503,29 @@ pub fn bubbles_with(
     for (ri, r) in requests.iter().enumerate() {
         let p = prefill.seconds(r.prompt_tokens);
         let h = nic_lat + prefill.kv_bytes_per_token * r.prompt_tokens as f64 / (tp as f64 * nic);
-        let mut best: Option<(f64, u32, usize, f64)> = None; // finish, stage, gap, start
-        for s in 0..pp {
+        // finish, stage, class, gap, start
+        let mut best: Option<(f64, u32, usize, usize, f64)> = None;
+        for (s, c) in (0..pp).flat_map(|s| (0..classes as usize).map(move |c| (s, c))) {
             if !stages_fitting[s as usize] {
                 continue;
             }
-            let f = f64::from_bits(free[s as usize].peek().expect("instances").0);
+            let Some(top) = free[s as usize][c].peek() else {
+                continue;
+            };
+            let f = f64::from_bits(top.0);
             let t0 = r.arrival_s.max(f);
             let mut it = (t0 / t_it).floor().max(0.0) as u64;
             'scan: while (it as f64) * t_it <= r.arrival_s + opts.slo_s {
                 let base = it as f64 * t_it;
                 for (gi, g) in sched.gaps[s as usize].iter().enumerate() {
-                    let gs = base + g.start as f64 * 1e-12;
+                    let lead = if g.after.is_some() { offset[c] } else { 0.0 };
+                    let gs = base + g.start as f64 * 1e-12 + lead;
                     let ge = base + g.end as f64 * 1e-12;
                     let start = t0.max(gs + guard);
                     if start + p + h + guard <= ge {
                         let finish = start + p;
                         if finish - r.arrival_s <= opts.slo_s && best.is_none_or(|b| finish < b.0) {
-                            best = Some((finish, s, gi, start));
+                            best = Some((finish, s, c, gi, start));
                         }
                         break 'scan;
                     }
@@ -492,9 +533,9 @@ pub fn bubbles_with(
                 it += 1;
             }
         }
-        if let Some((finish, s, gi, start)) = best {
-            free[s as usize].pop();
-            free[s as usize].push(std::cmp::Reverse((finish + h).to_bits()));
+        if let Some((finish, s, c, gi, start)) = best {
+            free[s as usize][c].pop();
+            free[s as usize][c].push(std::cmp::Reverse((finish + h).to_bits()));
             let g = sched.gaps[s as usize][gi];
             let base = (start / t_it).floor() * t_it;
             let occ = ((finish + h + guard - base) * 1e12).round() as SimTime;
@@ -529,11 +570,10 @@ pub fn bubbles_with(
                         ComputeOp {
                             name: "prefill",
                             class: OpClass::Gemm,
-                            // From the end of the op before the gap (`lag` before the gap's
-                            // start, except for the warm-up gap).
-                            work: Work::Measured {
-                                ps: o + if g.after.is_some() { sched.lag_ps } else { 0 },
-                            },
+                            // From the end of the op before the gap (the gap's start) to the
+                            // end of the last hand-off plus the guard band: it covers every
+                            // pipeline's prefill seen in the representative's frame.
+                            work: Work::Measured { ps: o },
                             recompute: false,
                         },
                     )

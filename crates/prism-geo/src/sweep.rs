@@ -133,8 +133,7 @@ pub fn sweep(
                         Ok(p) => {
                             row.atlas_s = Some(p.atlas.iteration_s);
                             let pl = &p.atlas.placement;
-                            row.atlas_layout =
-                                Some((pl.pp, pl.dp, pl.micro_batch, p.atlas.gpus()));
+                            row.atlas_layout = Some((pl.pp, pl.dp, pl.micro_batch, p.atlas.gpus()));
                             row.wan_utilisation = p.atlas.wan_utilisation();
                             row.baselines = p
                                 .baselines
@@ -164,8 +163,8 @@ fn bubble_point(
 ) -> Result<(f64, f64, f64), SimError> {
     let sched = bubbles::training_schedule(job)?;
     let t = sched.iteration_ps as f64 * 1e-12;
-    let busy: f64 = sched.busy_ps.iter().map(|&b| b as f64 * 1e-12).sum::<f64>()
-        / (job.parallel.pp as f64 * t);
+    let busy: f64 =
+        sched.busy_ps.iter().map(|&b| b as f64 * 1e-12).sum::<f64>() / (job.parallel.pp as f64 * t);
     let idle_gpu_s = (1.0 - busy) * job.num_gpus() as f64;
     let per_request = prefill.seconds(1024) * o.inference_tp as f64;
     let rate = (2.0 * idle_gpu_s / per_request).max(1.0);
@@ -186,5 +185,9 @@ fn bubble_point(
         },
         prefill.clone(),
     )?;
-    Ok((r.utilisation_without, r.utilisation_with, r.training_slowdown))
+    Ok((
+        r.utilisation_without,
+        r.utilisation_with,
+        r.training_slowdown,
+    ))
 }

@@ -340,13 +340,15 @@ pub fn lines_svg(
             }};
         }
         if log_x {
-            draw!(b
-                .build_cartesian_2d((x0 * 0.9..x1 * 1.1).log_scale(), y_range)
-                .map_err(|e| e.to_string())?);
+            draw!(
+                b.build_cartesian_2d((x0 * 0.9..x1 * 1.1).log_scale(), y_range)
+                    .map_err(|e| e.to_string())?
+            );
         } else {
-            draw!(b
-                .build_cartesian_2d(x0..x1, y_range)
-                .map_err(|e| e.to_string())?);
+            draw!(
+                b.build_cartesian_2d(x0..x1, y_range)
+                    .map_err(|e| e.to_string())?
+            );
         }
         root.present().map_err(|e| e.to_string())?;
     }
