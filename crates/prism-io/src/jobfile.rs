@@ -2438,6 +2438,7 @@ fn wan_link_numbers(
     let dotted = g.dotted(key);
     let Some(items) = wan_list(g, key, true)? else {
         return match default {
+            _ if n == 0 => Ok(Vec::new()),
             Some(d) => Ok(vec![d; n]),
             None => Err(g.missing(key, "give one number for every WAN link or one per link")),
         };
