@@ -1277,7 +1277,7 @@ impl<'a> Sim<'a> {
                         min_end,
                         latency,
                     } => {
-                        let t = self.now.max(min_end) + latency;
+                        let t = self.now.max(min_end).saturating_add(latency);
                         self.push(t, Event::CollDone { kind, id });
                     }
                     Owner::Send {
@@ -1285,7 +1285,7 @@ impl<'a> Sim<'a> {
                         min_end,
                         latency,
                     } => {
-                        let t = self.now.max(min_end) + latency;
+                        let t = self.now.max(min_end).saturating_add(latency);
                         self.push(t, Event::SendDone { inst });
                     }
                 }
@@ -1300,17 +1300,17 @@ impl<'a> Sim<'a> {
     fn end_turn(&mut self, flow: FlowId) {
         let (wan, started, _) = self.turns.owned[flow as usize].take().expect("owned");
         let pipelines = if self.full { 1 } else { self.layout.dp };
-        let lag = (pipelines as SimTime - 1) * (self.now - started);
+        let lag = (pipelines as SimTime - 1).saturating_mul(self.now - started);
         self.turns.lag = self.turns.lag.max(lag);
         for l in wan {
             let g = self.turns.gates.get_mut(&l).expect("gate");
             g.1 -= 1;
             if g.1 == 0 {
                 g.0 = None;
-                g.2 = self.now + lag;
+                g.2 = self.now.saturating_add(lag);
             }
         }
-        self.push(self.now + lag, Event::WanFree);
+        self.push(self.now.saturating_add(lag), Event::WanFree);
     }
 
     /// Starts every waiting send whose WAN links are free for it, in arrival order; a send
@@ -1451,7 +1451,7 @@ impl<'a> Sim<'a> {
             };
             (hop, steps)
         };
-        hop * steps as SimTime
+        hop.saturating_mul(steps as SimTime)
     }
 
     /// Puts the message of `inst`'s current send into the receiver's mailbox.
@@ -1783,7 +1783,7 @@ impl<'a> Sim<'a> {
             kind: k as u8,
             id,
             min_end: self.now + plan.nvlink_ps,
-            latency: plan.latency_ps + wan_latency,
+            latency: plan.latency_ps.saturating_add(wan_latency),
         };
         self.add_flow(links.to_vec().as_slice(), plan, owner);
     }
@@ -1849,7 +1849,9 @@ impl<'a> Sim<'a> {
         let owner = Owner::Send {
             inst,
             min_end: self.now,
-            latency: plan.latency_ps + self.fabric.wan_latency_ps(rank, peer),
+            latency: plan
+                .latency_ps
+                .saturating_add(self.fabric.wan_latency_ps(rank, peer)),
         };
         let turns = self.fabric.wan_temporal()
             && self.fabric.dc(rank) != self.fabric.dc(peer)
@@ -1896,7 +1898,7 @@ impl<'a> Sim<'a> {
             .map(|i| *i.last_done.iter().max().unwrap_or(&0))
             .max()
             .unwrap_or(0)
-            + self.turns.lag;
+            .saturating_add(self.turns.lag);
         let mut ranks = Vec::with_capacity(self.insts.len());
         for i in &mut self.insts {
             let own_end = *i.last_done.iter().max().unwrap_or(&0);
