@@ -466,7 +466,7 @@ pub fn bubbles_with(
     // sharing the class's largest offset.
     let dp = job.parallel.dp.max(1);
     let lag_s = sched.lag_ps as f64 * 1e-12;
-    let classes = if sched.lag_ps == 0 { 1 } else { dp.min(16) };
+    let classes = if sched.lag_ps == 0 { 1 } else { dp.min(8) };
     let per_pipeline = (job.parallel.tp * job.parallel.cp / tp).max(1);
     let class_of =
         |i: u32| ((i / per_pipeline).min(dp - 1) as u64 * classes as u64 / dp as u64) as u32;
@@ -515,9 +515,13 @@ pub fn bubbles_with(
             let f = f64::from_bits(top.0);
             let t0 = r.arrival_s.max(f);
             let mut it = (t0 / t_it).floor().max(0.0) as u64;
+            let gaps = &sched.gaps[s as usize];
             'scan: while (it as f64) * t_it <= r.arrival_s + opts.slo_s {
                 let base = it as f64 * t_it;
-                for (gi, g) in sched.gaps[s as usize].iter().enumerate() {
+                // Gaps that end before the earliest start cannot hold it.
+                let from_ps = ((t0 - base).max(0.0) * 1e12) as SimTime;
+                let first = gaps.partition_point(|g| g.end <= from_ps);
+                for (gi, g) in gaps.iter().enumerate().skip(first) {
                     let lead = if g.after.is_some() { offset[c] } else { 0.0 };
                     let gs = base + g.start as f64 * 1e-12 + lead;
                     let ge = base + g.end as f64 * 1e-12;
