@@ -106,7 +106,7 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         inference_tp: a.inference_tp,
         slo_s: a.slo_ms * 1e-3,
         guard_s: 0.005,
-        iterations: 3,
+        iterations: 2,
         seed: 1,
     };
     if !a.json {

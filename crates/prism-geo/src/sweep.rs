@@ -154,8 +154,12 @@ pub fn sweep(
     Ok(rows)
 }
 
+/// Most requests one sweep point offers.
+pub const MAX_REQUESTS: f64 = 150_000.0;
+
 /// BUBBLETEA on `job`: Poisson arrivals offering about twice the schedule's idle GPU time as
-/// prefill work (log-normal prompts, median 1024 tokens), over `o.iterations` iterations.
+/// prefill work (log-normal prompts, median 1024 tokens; at most [`MAX_REQUESTS`]), over
+/// `o.iterations` iterations.
 fn bubble_point(
     job: &Job,
     o: &SweepOptions,
@@ -167,7 +171,10 @@ fn bubble_point(
         sched.busy_ps.iter().map(|&b| b as f64 * 1e-12).sum::<f64>() / (job.parallel.pp as f64 * t);
     let idle_gpu_s = (1.0 - busy) * job.num_gpus() as f64;
     let per_request = prefill.seconds(1024) * o.inference_tp as f64;
-    let rate = (2.0 * idle_gpu_s / per_request).max(1.0);
+    // Twice the idle time as prefill work, at most MAX_REQUESTS requests over the horizon.
+    let rate = (2.0 * idle_gpu_s / per_request)
+        .min(MAX_REQUESTS / (t * o.iterations.max(1) as f64))
+        .max(1.0);
     let prompts = PromptDist::LogNormal {
         median: 1024.0,
         sigma: 0.8,

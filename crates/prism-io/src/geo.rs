@@ -82,6 +82,29 @@ const COLORS: [RGBColor; 4] = [
     RGBColor(214, 39, 40),
 ];
 
+/// Bars of one colour closer than `min_gap` merged into one (height: their time-weighted
+/// mean), so a plot of thousands of kernels stays small.
+fn merge_bars(bars: &[(f64, f64, f64, usize)], min_gap: f64) -> Vec<(f64, f64, f64, usize)> {
+    let mut v: Vec<(f64, f64, f64, usize)> = bars.to_vec();
+    v.sort_by(|a, b| a.3.cmp(&b.3).then(a.0.total_cmp(&b.0)));
+    let mut out: Vec<(f64, f64, f64, usize)> = Vec::new();
+    let mut area = 0.0;
+    for b in v {
+        match out.last_mut() {
+            Some(l) if l.3 == b.3 && b.0 - l.1 <= min_gap => {
+                area += (b.1 - b.0) * b.2;
+                l.1 = l.1.max(b.1);
+                l.2 = (area / (l.1 - l.0).max(1e-15)).min(1.0);
+            }
+            _ => {
+                area = (b.1 - b.0) * b.2;
+                out.push(b);
+            }
+        }
+    }
+    out
+}
+
 /// Renders rows of bars over time as SVG text (`legend`: the meaning of each colour index).
 pub fn timeline_svg(
     title: &str,
@@ -120,7 +143,7 @@ pub fn timeline_svg(
             .map_err(|e| e.to_string())?;
         for (i, row) in rows.iter().enumerate() {
             let base = n - 1.0 - i as f64 + 0.1;
-            for &(s, e, level, c) in &row.bars {
+            for &(s, e, level, c) in &merge_bars(&row.bars, end_s / 2000.0) {
                 let top = base + 0.8 * level.clamp(0.0, 1.0);
                 chart
                     .draw_series(std::iter::once(Rectangle::new(
