@@ -891,10 +891,13 @@ struct Sim<'a> {
     /// Per stage and send direction: the WAN limits those sends ([`Sim::wan_contended`]).
     contended: Vec<Option<bool>>,
     /// Per flow id: when it started and the bytes it moves over each WAN link it crosses.
-    wan_flows: Vec<Option<(SimTime, Vec<(u32, u64)>)>>,
+    wan_flows: Vec<Option<WanFlow>>,
     /// Finished WAN transfers.
     wan_done: Vec<WanTransfer>,
 }
+
+/// A flow's start and the bytes it moves over each WAN link it crosses (directed WAN index).
+type WanFlow = (SimTime, Vec<(u32, u64)>);
 
 /// Temporal sharing of WAN links: who owns each link, and the sends waiting for their turn.
 #[derive(Default)]

@@ -479,17 +479,21 @@ fn pp_candidates(job: &Job) -> Vec<u32> {
         .collect()
 }
 
+/// GPUs of one data-parallel replica's unit (a stage or a pipeline) for a given `pp`.
+type Unit<'a> = dyn Fn(u32) -> u64 + Sync + 'a;
+
 type Build<'a> = dyn Fn(u32, u32, u32, &[u32]) -> Option<(Job, Placement)> + Sync + 'a;
 
 /// Two-phase search: every `pp` (and DC order) at the largest feasible `dp` and micro-batch 1;
 /// then the three best `pp` with every micro-batch and the two largest feasible `dp`. Returns
 /// the fastest and the number simulated.
+#[allow(clippy::too_many_arguments)]
 fn search(
     job: &Job,
     design: Design,
     orders: &[Vec<u32>],
     micro_batches: &[u32],
-    unit_of_pp: &(dyn Fn(u32) -> u64 + Sync),
+    unit_of_pp: &Unit<'_>,
     pp_per_dp: bool,
     build: &Build<'_>,
     min_dcs: usize,
@@ -497,7 +501,6 @@ fn search(
     let gpus = job.num_gpus();
     // unit: GPUs per dp replica for a given pp (a stage for ATLAS, a pipeline for DP-across).
     let first_round = |pp: u32, order: &Vec<u32>, mb: u32, keep: usize| {
-        let min_dcs = min_dcs;
         let unit = unit_of_pp(pp);
         let budget = if pp_per_dp { gpus } else { gpus / pp as u64 };
         dp_candidates(job, unit, budget, mb, 64)
@@ -639,7 +642,7 @@ pub fn plan(job: &Job, opts: &PlanOptions) -> Result<Plan, PlanError> {
             move |pp, dp, mb, o: &[u32]| pp_across(job, pp, dp, mb, o, WanSharing::Fair, false);
         let one_build =
             move |pp, dp, mb, o: &[u32]| pp_across(job, pp, dp, mb, o, WanSharing::Temporal, true);
-        let specs: [(Design, &(dyn Fn(u32) -> u64 + Sync), bool, &Build<'_>); 3] = [
+        let specs: [(Design, &Unit<'_>, bool, &Build<'_>); 3] = [
             (Design::DpAcrossDcs, &pipe_unit, true, &dp_build),
             (Design::PpFairSharing, &stage_unit, false, &fair_build),
             (Design::OneConnection, &stage_unit, false, &one_build),

@@ -244,7 +244,7 @@ pub fn read_arrival_trace(
         let n: f64 = field(tn, "num_prefill_tokens")?
             .parse()
             .map_err(|_| format!("{shown}:{line}: num_prefill_tokens must be a number"))?;
-        if !(t.is_finite() && t >= 0.0) || !(n.is_finite() && (1.0..=1e7).contains(&n)) {
+        if !(t.is_finite() && t >= 0.0 && n.is_finite() && (1.0..=1e7).contains(&n)) {
             return Err(format!(
                 "{shown}:{line}: arrived_at must be >= 0 and num_prefill_tokens in [1, 1e7]"
             ));

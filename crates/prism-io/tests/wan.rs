@@ -47,16 +47,52 @@ fn scalar_and_per_link_figures_and_defaults() {
 #[test]
 fn broken_rules_name_their_key() {
     let cases = [
-        ("datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 1]\nlinks = [\"a:b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\n", "wan.datacenter_nodes", "add up"),
-        ("datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:c\"]\nlink_gbps = 1\nlink_rtt_ms = 1\n", "wan.links", "unknown datacenter"),
-        ("datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a-b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\n", "wan.links", "\"A:B\""),
-        ("datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:b\"]\nlink_rtt_ms = 1\n", "wan.link_gbps", "missing"),
-        ("datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:b\"]\nlink_gbps = [1, 2]\nlink_rtt_ms = 1\n", "wan.link_gbps", "2 entries for 1 links"),
-        ("datacenters = [\"a\", \"b\", \"c\"]\ndatacenter_nodes = [2, 1, 1]\nlinks = [\"a:b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\n", "wan.links", "not connected"),
-        ("datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\nconnections = 0\n", "wan.connections", "[1, 65536]"),
-        ("datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\nsharing = \"fifo\"\n", "wan.sharing", "must be one of"),
+        (
+            "datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 1]\nlinks = [\"a:b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\n",
+            "wan.datacenter_nodes",
+            "add up",
+        ),
+        (
+            "datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:c\"]\nlink_gbps = 1\nlink_rtt_ms = 1\n",
+            "wan.links",
+            "unknown datacenter",
+        ),
+        (
+            "datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a-b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\n",
+            "wan.links",
+            "\"A:B\"",
+        ),
+        (
+            "datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:b\"]\nlink_rtt_ms = 1\n",
+            "wan.link_gbps",
+            "missing",
+        ),
+        (
+            "datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:b\"]\nlink_gbps = [1, 2]\nlink_rtt_ms = 1\n",
+            "wan.link_gbps",
+            "2 entries for 1 links",
+        ),
+        (
+            "datacenters = [\"a\", \"b\", \"c\"]\ndatacenter_nodes = [2, 1, 1]\nlinks = [\"a:b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\n",
+            "wan.links",
+            "not connected",
+        ),
+        (
+            "datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\nconnections = 0\n",
+            "wan.connections",
+            "[1, 65536]",
+        ),
+        (
+            "datacenters = [\"a\", \"b\"]\ndatacenter_nodes = [2, 2]\nlinks = [\"a:b\"]\nlink_gbps = 1\nlink_rtt_ms = 1\nsharing = \"fifo\"\n",
+            "wan.sharing",
+            "must be one of",
+        ),
         ("datacenters = \"a\"\n", "wan.datacenters", "an array"),
-        ("datacenters = [\"a\", \"a\"]\ndatacenter_nodes = [2, 2]\n", "wan.datacenters", "named twice"),
+        (
+            "datacenters = [\"a\", \"a\"]\ndatacenter_nodes = [2, 2]\n",
+            "wan.datacenters",
+            "named twice",
+        ),
     ];
     for (wan, key, rule) in cases {
         let e = load(wan).expect_err(wan);
