@@ -100,3 +100,29 @@ fn broken_rules_name_their_key() {
         assert!(e.rule.contains(rule), "{wan}: {e}");
     }
 }
+
+/// Arrival traces (Vidur's processed Splitwise columns): read, sorted, and refused by line.
+#[test]
+fn arrival_traces() {
+    let dir = std::env::temp_dir().join(format!("prism-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.csv");
+    std::fs::write(
+        &good,
+        "arrived_at,num_prefill_tokens,num_decode_tokens\n0.5,1024,10\n0.1,300,5\n",
+    )
+    .unwrap();
+    let r = prism_io::geo::read_arrival_trace(&good).unwrap();
+    assert_eq!(r.len(), 2);
+    assert_eq!((r[0].arrival_s, r[0].prompt_tokens), (0.1, 300));
+    assert_eq!(r[1].prompt_tokens, 1024);
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, "arrived_at,num_prefill_tokens\n0.5,1024\nx,3\n").unwrap();
+    let e = prism_io::geo::read_arrival_trace(&bad).unwrap_err();
+    assert!(e.contains(":3:") && e.contains("arrived_at"), "{e}");
+    let missing = dir.join("missing.csv");
+    std::fs::write(&missing, "time,tokens\n1,2\n").unwrap();
+    let e = prism_io::geo::read_arrival_trace(&missing).unwrap_err();
+    assert!(e.contains("arrived_at"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
