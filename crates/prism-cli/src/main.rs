@@ -52,6 +52,10 @@ enum Command {
     /// Hours of training with faults: ResiHP's joint TP/PP/DP adaptation against baselines and
     /// an oracle (throughput timeline, goodput, plot).
     Resilience(resilience::ResilienceArgs),
+    /// Training across datacenters: ATLAS placement (plan), BUBBLETEA prefill in the bubbles
+    /// (bubbles), scenario sweeps (sweep).
+    #[command(subcommand)]
+    Geo(geo::GeoCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -102,6 +106,9 @@ mod detect;
 mod emulate;
 mod explore;
 mod fit;
+mod geo;
+mod geo_bubbles;
+mod geo_sweep;
 mod predict;
 mod profile;
 mod resilience;
@@ -125,6 +132,7 @@ fn main() -> ExitCode {
         Command::Emulate(args) => emulate::run(&args),
         Command::Detect(args) => detect::run(&args),
         Command::Resilience(args) => resilience::run(&args),
+        Command::Geo(cmd) => geo::run(&cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

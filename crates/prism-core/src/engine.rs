@@ -25,7 +25,7 @@ use crate::cost::compute::{ComputeModel, ComputeParams, KernelTable};
 use crate::graph::{ExecutionGraph, NUM_STREAMS, OpKind, Program, Stream};
 use crate::job::{Cluster, Job};
 use crate::layout::{GROUP_KINDS, GroupKind, Layout};
-use crate::network::{Fabric, FlowEnd, LinkId, Network, normalize};
+use crate::network::{Fabric, FlowEnd, FlowId, LinkId, Network, normalize};
 use crate::ops::OpClass;
 use crate::report::{Breakdown, RankTiming, Summary};
 use crate::units::SimTime;
@@ -143,6 +143,20 @@ pub enum SimError {
     },
 }
 
+/// One transfer over a directed WAN link (multi-datacenter jobs): a flow's time on the link
+/// and the bytes all its copies moved over it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WanTransfer {
+    /// Directed WAN link: `2 i` for `a -> b` of the job's link `i`, `2 i + 1` for `b -> a`.
+    pub link: u32,
+    /// Start, ps.
+    pub start: SimTime,
+    /// End, ps.
+    pub end: SimTime,
+    /// Bytes over the link (all copies the flow stands for).
+    pub bytes: u64,
+}
+
 /// Result of a simulation.
 #[derive(Clone, Debug)]
 pub struct SimResult {
@@ -157,14 +171,29 @@ pub struct SimResult {
     pub graph: ExecutionGraph,
     /// Events processed.
     pub events: u64,
+    /// Transfers over WAN links, in completion order (empty for a single-DC job).
+    pub wan: Vec<WanTransfer>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    OpDone { inst: u32, stream: u8 },
-    CollDone { kind: u8, id: u32 },
-    SendDone { inst: u32 },
-    Flow { flow: u32, generation: u32 },
+    OpDone {
+        inst: u32,
+        stream: u8,
+    },
+    CollDone {
+        kind: u8,
+        id: u32,
+    },
+    SendDone {
+        inst: u32,
+    },
+    Flow {
+        flow: u32,
+        generation: u32,
+    },
+    /// A WAN link's turn ended: waiting pipeline sends may start.
+    WanFree,
 }
 
 /// The pending-event set: the events of the current instant in a FIFO; later events in one
@@ -288,7 +317,26 @@ pub fn simulate_or_full(job: &Job, opts: &SimOptions) -> Result<SimResult, SimEr
 /// Simulates one iteration of a validated job.
 pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     crate::graph::size_check(job).map_err(SimError::TooLarge)?;
-    let graph = ExecutionGraph::build(job);
+    simulate_with_graph(job, ExecutionGraph::build(job), opts)
+}
+
+/// [`simulate`] of `job` running `graph` instead of the graph the job builds: the job's graph
+/// with ops added (e.g. [`crate::insert::with_compute_inserted`]: inference prefill placed in
+/// the pipeline bubbles). Compute ops with [`Work::Measured`](crate::ops::Work::Measured)
+/// durations take them; the others are priced by the job's cost model.
+pub fn simulate_with_graph(
+    job: &Job,
+    graph: ExecutionGraph,
+    opts: &SimOptions,
+) -> Result<SimResult, SimError> {
+    if graph.programs.len() != graph.layout.pp as usize
+        || graph.layout.pp != job.parallel.pp
+        || graph.layout.num_ranks() as u64 != job.num_gpus()
+    {
+        return Err(SimError::InvalidOption(
+            "the graph does not belong to the job (its layout differs)".into(),
+        ));
+    }
     let layout = graph.layout;
     let n = layout.num_ranks();
     for &r in opts.record_ranks.iter().chain(match &opts.mode {
@@ -416,12 +464,14 @@ pub fn simulate(job: &Job, opts: &SimOptions) -> Result<SimResult, SimError> {
     }
     let timelines = sim.timelines;
     let events = sim.events;
+    let wan = sim.wan_done;
     Ok(SimResult {
         summary,
         ranks,
         timelines,
         graph,
         events,
+        wan,
     })
 }
 
@@ -633,7 +683,7 @@ pub fn symmetry_check_layout(layout: &Layout, fabric: &Fabric) -> Result<(), Sim
     for class in &classes {
         links.clear();
         class_links(layout, fabric, class, &mut links);
-        let mut per_type: [Option<u32>; 6] = [None; 6];
+        let mut per_type: [Option<u32>; 8] = [None; 8];
         for &(l, c) in &links {
             let t = fabric.link_type(l);
             match per_type[t] {
@@ -680,10 +730,10 @@ impl FlowClass {
 
     /// True when some copies cross leaf (or pod) uplinks and others do not, or not as often.
     fn copies_touching_leaves(&self, layout: &Layout, fabric: &Fabric) -> bool {
-        let mut counts: Vec<[usize; 6]> = Vec::new();
+        let mut counts: Vec<[usize; 8]> = Vec::new();
         let mut buf = Vec::new();
         for_each_copy(layout, fabric, self, &mut buf, |links| {
-            let mut per_type = [0; 6];
+            let mut per_type = [0; 8];
             for &(l, c) in links {
                 per_type[fabric.link_type(l)] += c as usize;
             }
@@ -834,6 +884,41 @@ struct Sim<'a> {
     remaining_ops: u64,
     /// An event fell beyond `units::TIME_LIMIT`.
     too_long: bool,
+    /// WAN latency per step of each cached collective (same shape as `links_cache`).
+    wan_lat_cache: Vec<Vec<Option<SimTime>>>,
+    /// Temporal sharing of WAN links ([`crate::wan::WanSharing::Temporal`]).
+    turns: WanTurns,
+    /// Per stage and send direction: the WAN limits those sends ([`Sim::wan_contended`]).
+    contended: Vec<Option<bool>>,
+    /// Per flow id: when it started and the bytes it moves over each WAN link it crosses.
+    wan_flows: Vec<Option<WanFlow>>,
+    /// Finished WAN transfers.
+    wan_done: Vec<WanTransfer>,
+}
+
+/// A flow's start and the bytes it moves over each WAN link it crosses (directed WAN index).
+type WanFlow = (SimTime, Vec<(u32, u64)>);
+
+/// Temporal sharing of WAN links: who owns each link, and the sends waiting for their turn.
+#[derive(Default)]
+struct WanTurns {
+    /// Per WAN link: the pipeline (tag) owning it, its flows in flight, and the time until
+    /// which the other pipelines' turns (reduced runs) keep it.
+    gates: std::collections::BTreeMap<LinkId, (Option<u64>, u32, SimTime)>,
+    /// Sends waiting for their turn, in arrival order.
+    waiting: std::collections::VecDeque<Waiting>,
+    /// Per flow id: the WAN links it owns, when it started, its pipeline tag.
+    owned: Vec<Option<(Vec<LinkId>, SimTime, u64)>>,
+    /// Reduced runs: the largest delay of the last pipeline behind the representative.
+    lag: SimTime,
+}
+
+struct Waiting {
+    links: Links,
+    wan: Vec<LinkId>,
+    plan: CommPlan,
+    owner: Owner,
+    tag: u64,
 }
 
 /// Link usages of one flow.
@@ -962,6 +1047,23 @@ impl<'a> Sim<'a> {
             timelines,
             remaining_ops,
             too_long: false,
+            wan_lat_cache: GROUP_KINDS
+                .iter()
+                .map(|&k| {
+                    vec![
+                        None;
+                        if full {
+                            layout.group_count(k) as usize
+                        } else {
+                            layout.pp as usize
+                        }
+                    ]
+                })
+                .collect(),
+            turns: WanTurns::default(),
+            wan_flows: Vec::new(),
+            wan_done: Vec::new(),
+            contended: Vec::new(),
         }
     }
 
@@ -1134,6 +1236,42 @@ impl<'a> Sim<'a> {
                     return;
                 }
                 self.net.finish(flow);
+                if let Some((start, per_link)) =
+                    self.wan_flows.get_mut(flow as usize).and_then(Option::take)
+                {
+                    // A reduced run's pipeline send in turns stands for every pipeline's
+                    // transfer, one turn after another, each as long as this one.
+                    let turns = if !self.full
+                        && self
+                            .turns
+                            .owned
+                            .get(flow as usize)
+                            .is_some_and(|o| o.is_some())
+                    {
+                        self.layout.dp as u64
+                    } else {
+                        1
+                    };
+                    let d = self.now - start;
+                    for (link, bytes) in per_link {
+                        for k in 0..turns {
+                            self.wan_done.push(WanTransfer {
+                                link,
+                                start: start + k * d,
+                                end: start + (k + 1) * d,
+                                bytes: bytes / turns,
+                            });
+                        }
+                    }
+                }
+                if self
+                    .turns
+                    .owned
+                    .get(flow as usize)
+                    .is_some_and(|o| o.is_some())
+                {
+                    self.end_turn(flow);
+                }
                 let owner = self.owners[flow as usize].take().expect("flow owner");
                 match owner {
                     Owner::Coll {
@@ -1142,7 +1280,7 @@ impl<'a> Sim<'a> {
                         min_end,
                         latency,
                     } => {
-                        let t = self.now.max(min_end) + latency;
+                        let t = self.now.max(min_end).saturating_add(latency);
                         self.push(t, Event::CollDone { kind, id });
                     }
                     Owner::Send {
@@ -1150,12 +1288,173 @@ impl<'a> Sim<'a> {
                         min_end,
                         latency,
                     } => {
-                        let t = self.now.max(min_end) + latency;
+                        let t = self.now.max(min_end).saturating_add(latency);
                         self.push(t, Event::SendDone { inst });
                     }
                 }
             }
+            Event::WanFree => self.start_turns(),
         }
+    }
+
+    /// A pipeline send that owned WAN links ended: it gives them up (in a reduced run they
+    /// stay taken for the other pipelines' turns, each as long as this one) and waiting sends
+    /// get their turn.
+    fn end_turn(&mut self, flow: FlowId) {
+        let (wan, started, _) = self.turns.owned[flow as usize].take().expect("owned");
+        let pipelines = if self.full { 1 } else { self.layout.dp };
+        let lag = (pipelines as SimTime - 1).saturating_mul(self.now - started);
+        self.turns.lag = self.turns.lag.max(lag);
+        for l in wan {
+            let g = self.turns.gates.get_mut(&l).expect("gate");
+            g.1 -= 1;
+            if g.1 == 0 {
+                g.0 = None;
+                g.2 = self.now.saturating_add(lag);
+            }
+        }
+        self.push(self.now.saturating_add(lag), Event::WanFree);
+    }
+
+    /// Starts every waiting send whose WAN links are free for it, in arrival order; a send
+    /// still waiting keeps its links from later sends (first come, first served).
+    fn start_turns(&mut self) {
+        let mut blocked: Vec<LinkId> = Vec::new();
+        let mut i = 0;
+        while i < self.turns.waiting.len() {
+            let w = &self.turns.waiting[i];
+            let free = w.wan.iter().all(|l| {
+                !blocked.contains(l)
+                    && self.turns.gates.get(l).is_none_or(|&(holder, _, until)| {
+                        until <= self.now && holder.is_none_or(|h| h == w.tag)
+                    })
+            });
+            if !free {
+                blocked.extend_from_slice(&w.wan);
+                i += 1;
+                continue;
+            }
+            let w = self.turns.waiting.remove(i).expect("waiting send");
+            for &l in &w.wan {
+                let g = self.turns.gates.entry(l).or_insert((None, 0, 0));
+                g.0 = Some(w.tag);
+                g.1 += 1;
+            }
+            let f = self.add_flow(&w.links, w.plan, w.owner);
+            if !self.full {
+                // Every pipeline's bytes cross the link (one turn each).
+                if let Some(Some((_, per_link))) = self.wan_flows.get_mut(f as usize) {
+                    for (_, b) in per_link.iter_mut() {
+                        *b *= self.layout.dp as u64;
+                    }
+                }
+            }
+            if self.turns.owned.len() <= f as usize {
+                self.turns.owned.resize(f as usize + 1, None);
+            }
+            self.turns.owned[f as usize] = Some((w.wan, self.now, w.tag));
+        }
+    }
+
+    /// Queues a pipeline send that crosses WAN links for its turn (temporal sharing). In a
+    /// reduced run the flow stands for one pipeline's copies (the representative's), so its WAN
+    /// counts are divided by the data-parallel degree.
+    fn queue_turn(&mut self, rank: u32, mut links: Links, plan: CommPlan, owner: Owner) {
+        let mut wan = Vec::new();
+        for (l, c) in links.iter_mut() {
+            if self.fabric.is_wan(*l) {
+                wan.push(*l);
+                if !self.full {
+                    *c = c.div_ceil(self.layout.dp).max(1);
+                }
+            }
+        }
+        let tag = if self.full {
+            self.layout.coord(rank).dp as u64
+        } else {
+            0
+        };
+        self.turns.waiting.push_back(Waiting {
+            links,
+            wan,
+            plan,
+            owner,
+            tag,
+        });
+        self.start_turns();
+    }
+
+    /// True when the WAN is what limits the sends of `rank`'s stage in direction `delta` if
+    /// every copy (every pipeline) sends at once: its fair share per copy is below what the
+    /// other links and the TCP cap allow. Only then do pipelines take turns; where the NICs
+    /// are the bottleneck, turns would only serialise them.
+    fn wan_contended(&mut self, rank: u32, delta: i8) -> bool {
+        let stage = self.layout.coord(rank).pp;
+        let key = 2 * stage as usize + (delta > 0) as usize;
+        if self.contended.len() < 2 * self.layout.pp as usize {
+            self.contended = vec![None; 2 * self.layout.pp as usize];
+        }
+        if let Some(c) = self.contended[key] {
+            return c;
+        }
+        let mut links = Vec::new();
+        class_links(
+            &self.layout,
+            &self.fabric,
+            &FlowClass::Send { stage, delta },
+            &mut links,
+        );
+        let share = |wan: bool| {
+            links
+                .iter()
+                .filter(|&&(l, _)| self.fabric.is_wan(l) == wan)
+                .map(|&(l, c)| self.fabric.capacity[l as usize] / c.max(1) as u64)
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let c = share(true) < share(false).min(self.fabric.flow_cap(&links));
+        self.contended[key] = Some(c);
+        c
+    }
+
+    /// Latency each step of a collective over `members` adds for the WAN: the longest one-way
+    /// WAN latency between ring neighbours (any two members for an all-to-all), times the
+    /// sequential steps of the algorithm (ring all-reduce `2 (n - 1)`, all-gather and
+    /// reduce-scatter `n - 1`, all-to-all 1).
+    fn wan_collective_latency(&self, coll: comm::Collective, members: &[u32]) -> SimTime {
+        let n = members.len();
+        if n < 2 || !self.fabric.is_multi_dc() {
+            return 0;
+        }
+        let (hop, steps) = if coll == comm::Collective::AllToAll {
+            let mut firsts: Vec<u32> = Vec::new();
+            for &m in members {
+                if !firsts
+                    .iter()
+                    .any(|&f| self.fabric.dc(f) == self.fabric.dc(m))
+                {
+                    firsts.push(m);
+                }
+            }
+            let mut hop = 0;
+            for &a in &firsts {
+                for &b in &firsts {
+                    hop = hop.max(self.fabric.wan_latency_ps(a, b));
+                }
+            }
+            (hop, 1)
+        } else {
+            let hop = (0..n)
+                .map(|i| self.fabric.wan_latency_ps(members[i], members[(i + 1) % n]))
+                .max()
+                .unwrap_or(0);
+            let steps = match coll {
+                comm::Collective::AllReduce => 2 * (n - 1),
+                _ => n - 1,
+            };
+            (hop, steps)
+        };
+        hop.saturating_mul(steps as SimTime)
     }
 
     /// Puts the message of `inst`'s current send into the receiver's mailbox.
@@ -1477,12 +1776,17 @@ impl<'a> Sim<'a> {
             }
             self.links_cache[k][key] = Some(links);
         }
+        if self.wan_lat_cache[k][key].is_none() {
+            let members: Vec<u32> = self.layout.members(kind, group).collect();
+            self.wan_lat_cache[k][key] = Some(self.wan_collective_latency(coll, &members));
+        }
+        let wan_latency = self.wan_lat_cache[k][key].expect("cached");
         let links = self.links_cache[k][key].as_deref().expect("cached");
         let owner = Owner::Coll {
             kind: k as u8,
             id,
             min_end: self.now + plan.nvlink_ps,
-            latency: plan.latency_ps,
+            latency: plan.latency_ps.saturating_add(wan_latency),
         };
         self.add_flow(links.to_vec().as_slice(), plan, owner);
     }
@@ -1502,14 +1806,31 @@ impl<'a> Sim<'a> {
         plan
     }
 
-    fn add_flow(&mut self, links: &[(LinkId, u32)], plan: CommPlan, owner: Owner) {
-        let f = self
-            .net
-            .add(self.now, links, self.fabric.flow_bytes(plan.nic_bytes), 0);
+    fn add_flow(&mut self, links: &[(LinkId, u32)], plan: CommPlan, owner: Owner) -> FlowId {
+        let cap = self.fabric.flow_cap(links);
+        let f = self.net.add_capped(
+            self.now,
+            links,
+            self.fabric.flow_bytes(plan.nic_bytes),
+            0,
+            cap,
+        );
         if self.owners.len() <= f as usize {
             self.owners.resize(f as usize + 1, None);
         }
         self.owners[f as usize] = Some(owner);
+        if self.fabric.is_multi_dc() {
+            let per_flow = self.fabric.flow_bytes(plan.nic_bytes);
+            let per_link: Vec<(u32, u64)> = links
+                .iter()
+                .filter_map(|&(l, c)| self.fabric.wan_index(l).map(|i| (i, per_flow * c as u64)))
+                .collect();
+            if self.wan_flows.len() <= f as usize {
+                self.wan_flows.resize(f as usize + 1, None);
+            }
+            self.wan_flows[f as usize] = (!per_link.is_empty()).then_some((self.now, per_link));
+        }
+        f
     }
 
     fn start_send(&mut self, inst: u32, delta: i8, bytes: u64) {
@@ -1531,13 +1852,22 @@ impl<'a> Sim<'a> {
         let owner = Owner::Send {
             inst,
             min_end: self.now,
-            latency: plan.latency_ps,
+            latency: plan
+                .latency_ps
+                .saturating_add(self.fabric.wan_latency_ps(rank, peer)),
         };
+        let turns = self.fabric.wan_temporal()
+            && self.fabric.dc(rank) != self.fabric.dc(peer)
+            && self.wan_contended(rank, delta);
         if self.full {
             let mut links = std::mem::take(&mut self.scratch_links);
             links.clear();
             self.fabric.route(rank, peer, &mut links);
-            self.add_flow(&links, plan, owner);
+            if turns {
+                self.queue_turn(rank, links.clone(), plan, owner);
+            } else {
+                self.add_flow(&links, plan, owner);
+            }
             self.scratch_links = links;
         } else {
             let stage = self.layout.coord(rank).pp;
@@ -1553,18 +1883,25 @@ impl<'a> Sim<'a> {
                 self.send_links_cache[key] = Some(links);
             }
             let links = self.send_links_cache[key].clone().expect("cached");
-            self.add_flow(&links, plan, owner);
+            if turns {
+                self.queue_turn(rank, links, plan, owner);
+            } else {
+                self.add_flow(&links, plan, owner);
+            }
         }
     }
 
     /// The iteration time (the last end of any instance) and every instance's timing, by rank.
     fn finish(&mut self) -> (SimTime, Vec<RankTiming>) {
+        // Reduced runs with WAN turns: the last pipeline ends its turns behind the
+        // representative (the first), by at most the longest lag.
         let iteration_ps = self
             .insts
             .iter()
             .map(|i| *i.last_done.iter().max().unwrap_or(&0))
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .saturating_add(self.turns.lag);
         let mut ranks = Vec::with_capacity(self.insts.len());
         for i in &mut self.insts {
             let own_end = *i.last_done.iter().max().unwrap_or(&0);

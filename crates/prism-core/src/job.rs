@@ -197,6 +197,8 @@ pub struct Topology {
     /// ECMP on the pod uplinks: flows each connection is split into, each hashed onto one
     /// port (RoCE queue pairs; Meta's E-ECMP: 16). 0: traffic spread ideally (no collisions).
     pub ecmp_flows: u32,
+    /// Datacenters and the WAN joining them ([`crate::wan`]); the default is one datacenter.
+    pub wan: crate::wan::Wan,
 }
 
 /// A cluster of identical nodes.
@@ -823,6 +825,7 @@ impl Job {
                 format!("must be at most 256 (got {})", c.topology.ecmp_flows),
             ));
         }
+        c.topology.wan.validate(c.nodes)?;
         for (key, v) in [
             ("cluster.oversubscription", c.topology.oversubscription),
             (
@@ -1221,6 +1224,7 @@ pub mod fixtures {
                 pod_nodes: 0,
                 pod_oversubscription: 1.0,
                 ecmp_flows: 0,
+                wan: Default::default(),
             },
         }
     }

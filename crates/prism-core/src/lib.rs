@@ -33,6 +33,7 @@ pub mod engine;
 pub mod flops;
 pub mod graph;
 pub mod hetero;
+pub mod insert;
 pub mod job;
 pub mod layout;
 pub mod memory;
@@ -44,5 +45,6 @@ pub mod report;
 pub mod schedules;
 pub mod straggler;
 pub mod units;
+pub mod wan;
 
-pub use engine::{Mode, SimOptions, SimResult, simulate};
+pub use engine::{Mode, SimOptions, SimResult, simulate, simulate_with_graph};

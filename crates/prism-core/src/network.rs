@@ -55,6 +55,26 @@ pub struct Fabric {
     pod_ports: Vec<(LinkId, u32)>,
     /// Capacity of every link, bytes per second.
     pub capacity: Vec<u64>,
+    /// Multi-DC clusters: the WAN links ([`crate::wan`]).
+    wan: WanFabric,
+}
+
+/// The WAN part of a [`Fabric`]: datacenter of each node and the directed WAN links (empty for
+/// a single-DC cluster).
+#[derive(Clone, Debug, Default)]
+struct WanFabric {
+    /// Datacenter of each node; empty with one datacenter.
+    dc_of_node: Vec<u32>,
+    /// First WAN link id (directed link `d` of the job's WAN is `base + d`).
+    base: LinkId,
+    /// Directed WAN links (relative) from DC `a` to DC `b`: `paths[a][b]`.
+    paths: Vec<Vec<Vec<u32>>>,
+    /// One-way latency of each directed WAN link, ps.
+    latency: Vec<SimTime>,
+    /// Per-transfer throughput cap of each directed WAN link, bytes/s.
+    cap: Vec<u64>,
+    /// Pipeline sends take turns on WAN links.
+    temporal: bool,
 }
 
 impl Fabric {
@@ -107,7 +127,27 @@ impl Fabric {
                 }
             }
         }
+        let w = &cluster.topology.wan;
+        let mut wan = WanFabric::default();
+        if w.is_multi() {
+            wan.dc_of_node = w.dc_of_nodes(cluster.nodes);
+            wan.base = capacity.len() as LinkId;
+            wan.paths = w
+                .paths()
+                .into_iter()
+                .map(|row| row.into_iter().map(Option::unwrap_or_default).collect())
+                .collect();
+            for l in &w.links {
+                for _dir in 0..2 {
+                    capacity.push(l.bytes_per_s());
+                    wan.latency.push(l.one_way_ps());
+                    wan.cap.push(l.transfer_cap());
+                }
+            }
+            wan.temporal = w.sharing == crate::wan::WanSharing::Temporal;
+        }
         Fabric {
+            wan,
             leaf_links_bind: cluster.topology.oversubscription > 1.0,
             pod_nodes,
             pod_links_bind,
@@ -176,8 +216,11 @@ impl Fabric {
     }
 
     /// What a link is, for symmetry checks: 0/1 NIC transmit/receive, 2/3 leaf up/down, 4/5
-    /// pod up/down.
+    /// pod up/down, 6/7 WAN (one direction / the other).
     pub fn link_type(&self, l: LinkId) -> usize {
+        if self.is_wan(l) {
+            return 6 + ((l - self.wan.base) % 2) as usize;
+        }
         let base = if l < 2 * self.nodes * self.gpus_per_node {
             0
         } else if l < self.pod_base {
@@ -186,6 +229,70 @@ impl Fabric {
             4
         };
         base + (l % 2) as usize
+    }
+
+    /// True when link `l` is a WAN link.
+    pub fn is_wan(&self, l: LinkId) -> bool {
+        !self.wan.dc_of_node.is_empty() && l >= self.wan.base
+    }
+
+    /// Index of WAN link `l` among the directed WAN links (`2 i` and `2 i + 1` for the two
+    /// directions of the job's link `i`); `None` for other links.
+    pub fn wan_index(&self, l: LinkId) -> Option<u32> {
+        self.is_wan(l).then(|| l - self.wan.base)
+    }
+
+    /// True when the cluster spans several datacenters.
+    pub fn is_multi_dc(&self) -> bool {
+        !self.wan.dc_of_node.is_empty()
+    }
+
+    /// Pipeline sends take turns on WAN links ([`crate::wan::WanSharing::Temporal`]).
+    pub fn wan_temporal(&self) -> bool {
+        self.wan.temporal
+    }
+
+    /// Datacenter of GPU `g` (0 in a single-DC cluster).
+    pub fn dc(&self, g: u32) -> u32 {
+        if self.wan.dc_of_node.is_empty() {
+            0
+        } else {
+            self.wan.dc_of_node[(g / self.gpus_per_node) as usize]
+        }
+    }
+
+    /// One-way WAN latency from GPU `src` to GPU `dst`: the sum of RTT / 2 over the WAN links
+    /// of the path (0 inside a datacenter).
+    pub fn wan_latency_ps(&self, src: u32, dst: u32) -> SimTime {
+        let (a, b) = (self.dc(src), self.dc(dst));
+        if a == b {
+            return 0;
+        }
+        self.wan.paths[a as usize][b as usize]
+            .iter()
+            .map(|&d| self.wan.latency[d as usize])
+            .sum()
+    }
+
+    /// The throughput cap of one flow over `links` (bytes/s): the tightest per-transfer cap of
+    /// the WAN links it crosses, divided over the connection's [`Fabric::flow_split`] flows;
+    /// `u64::MAX` when it crosses none.
+    pub fn flow_cap(&self, links: &[(LinkId, u32)]) -> u64 {
+        links
+            .iter()
+            .filter(|&&(l, _)| self.is_wan(l))
+            .map(|&(l, _)| self.wan.cap[(l - self.wan.base) as usize] / self.flow_split() as u64)
+            .min()
+            .map_or(u64::MAX, |c| c.max(1))
+    }
+
+    fn push_wan_path(&self, src: u32, dst: u32, count: u32, out: &mut Vec<(LinkId, u32)>) {
+        let (a, b) = (self.dc(src), self.dc(dst));
+        if a != b {
+            for &d in &self.wan.paths[a as usize][b as usize] {
+                out.push((self.wan.base + d, count));
+            }
+        }
     }
 
     /// True when `a` and `b` are on one node (the transfer uses NVLink, not the fabric).
@@ -214,6 +321,9 @@ impl Fabric {
                 out.push((self.pod_up(ps), 1));
                 out.push((self.pod_up(pd) + 1, 1));
             }
+        }
+        if self.is_multi_dc() {
+            self.push_wan_path(src, dst, k, out);
         }
         out.push((self.nic_rx(dst), k));
     }
@@ -294,6 +404,25 @@ impl Fabric {
                 }
             }
         }
+        if self.is_multi_dc() {
+            // c_a members in DC a send c_b / n of their bytes to DC b over the path a -> b.
+            let mut dcs: Vec<(u32, u32, u32)> = Vec::new(); // (dc, count, a member)
+            for &m in members {
+                let d = self.dc(m);
+                match dcs.iter_mut().find(|(x, _, _)| *x == d) {
+                    Some((_, c, _)) => *c += 1,
+                    None => dcs.push((d, 1, m)),
+                }
+            }
+            for &(_, ca, ma) in &dcs {
+                for &(_, cb, mb) in &dcs {
+                    if ma != mb {
+                        let units = (ca as u64 * cb as u64).div_ceil(n as u64) as u32;
+                        self.push_wan_path(ma, mb, k * units, out);
+                    }
+                }
+            }
+        }
         normalize(out);
     }
 }
@@ -330,8 +459,10 @@ struct Flow {
     generation: u32,
     active: bool,
     token: u64,
-    /// Rate alone on its links: its tightest link's capacity per use.
+    /// Rate alone on its links: its tightest link's capacity per use (and at most `cap`).
     solo_rate: u64,
+    /// Throughput cap of the flow itself, bytes/s (`u64::MAX`: none).
+    cap: u64,
 }
 
 /// A completion the engine must schedule: flow `flow` (of `generation`) ends at `time`.
@@ -416,6 +547,20 @@ impl Network {
     /// Starts a flow of `bytes` over `links` at `now`; `token` comes back when it ends.
     /// Its rate is set by the next [`Network::settle`].
     pub fn add(&mut self, now: SimTime, links: &[(LinkId, u32)], bytes: u64, token: u64) -> FlowId {
+        self.add_capped(now, links, bytes, token, u64::MAX)
+    }
+
+    /// [`Network::add`] for a flow whose own rate may not exceed `cap` bytes/s (a WAN transfer
+    /// limited by its TCP windows): max-min sharing gives it `min(cap, fair share)` and the
+    /// rest to the others.
+    pub fn add_capped(
+        &mut self,
+        now: SimTime,
+        links: &[(LinkId, u32)],
+        bytes: u64,
+        token: u64,
+        cap: u64,
+    ) -> FlowId {
         assert!(
             !links.is_empty() && bytes > 0,
             "a flow needs links and bytes"
@@ -445,7 +590,9 @@ impl Network {
             .map(|&(l, c)| self.capacity[l as usize] / c as u64)
             .min()
             .unwrap_or(1)
+            .min(cap)
             .max(1);
+        f.cap = cap.max(1);
         for &(l, _) in links {
             self.link_flows[l as usize].push(id);
         }
@@ -572,6 +719,10 @@ impl Network {
             }
         }
         let mut unfrozen = self.comp_flows.len();
+        let capped = self
+            .comp_flows
+            .iter()
+            .any(|&f| self.flows[f as usize].cap != u64::MAX);
         // Links still carrying unfrozen flows; shrinks as links saturate.
         let mut live = std::mem::take(&mut self.live);
         let mut tied = std::mem::take(&mut self.tied);
@@ -600,6 +751,34 @@ impl Network {
                 self.rem[l as usize] as u128 * bw == br * self.weight[l as usize] as u128
             }));
             let rate = ((br / bw) as u64).max(1);
+            if capped {
+                // A flow capped below the fair share freezes at its cap first; its leftover
+                // stays with the links for the others.
+                let min_cap = self
+                    .comp_flows
+                    .iter()
+                    .filter(|&&f| !self.frozen[f as usize])
+                    .map(|&f| self.flows[f as usize].cap)
+                    .min()
+                    .unwrap_or(u64::MAX);
+                if (min_cap as u128) * bw < br {
+                    for k in 0..self.comp_flows.len() {
+                        let f = self.comp_flows[k] as usize;
+                        if self.frozen[f] || self.flows[f].cap != min_cap {
+                            continue;
+                        }
+                        self.frozen[f] = true;
+                        self.new_rate[f] = min_cap;
+                        unfrozen -= 1;
+                        for &(l, c) in &self.flows[f].links {
+                            let l = l as usize;
+                            self.rem[l] = self.rem[l].saturating_sub(min_cap * c as u64);
+                            self.weight[l] -= c as u64;
+                        }
+                    }
+                    continue;
+                }
+            }
             for &link in &tied {
                 let on_link = std::mem::take(&mut self.link_flows[link as usize]);
                 for &f in &on_link {
@@ -859,5 +1038,112 @@ mod tests {
             last_end[1] <= last_end[0],
             "E-ECMP ended later: {last_end:?}"
         );
+    }
+
+    /// A two-DC cluster of `nodes` nodes (half in each), one WAN link.
+    fn two_dc(nodes: u32, gbps: f64, rtt_ms: f64, window_mib: f64, conns: u32) -> Cluster {
+        let mut c = crate::job::fixtures::h100_cluster(nodes);
+        c.topology.wan = crate::wan::Wan {
+            datacenters: vec![
+                crate::wan::Datacenter {
+                    name: "a".into(),
+                    nodes: nodes / 2,
+                },
+                crate::wan::Datacenter {
+                    name: "b".into(),
+                    nodes: nodes - nodes / 2,
+                },
+            ],
+            links: vec![crate::wan::WanLink {
+                a: 0,
+                b: 1,
+                gbps,
+                rtt_ms,
+                tcp_window_mib: window_mib,
+                connections: conns,
+            }],
+            sharing: Default::default(),
+        };
+        c
+    }
+
+    /// Closed form: a lone transfer of B bytes between DCs ends at
+    /// RTT/2 + B / min(link, connections x window / RTT) (the NICs are faster than both).
+    #[test]
+    fn lone_wan_transfer_closed_form() {
+        let bytes = 1_000_000_000u64;
+        let (gbps, rtt_ms, window) = (100.0, 40.0, 16.0);
+        for conns in [1u32, 4, 16, 1000] {
+            let c = two_dc(2, gbps, rtt_ms, window, conns);
+            c.topology.wan.validate(c.nodes).unwrap();
+            let fabric = Fabric::new(&c, 50_000_000_000);
+            let mut links = Vec::new();
+            fabric.route(0, 8, &mut links);
+            assert_eq!(links.iter().filter(|&&(l, _)| fabric.is_wan(l)).count(), 1);
+            let mut net = Network::new(fabric.capacity.clone());
+            let f = net.add_capped(0, &links, bytes, 0, fabric.flow_cap(&links));
+            let ends = settle(&mut net, 0);
+            let link = gbps * 1e9 / 8.0;
+            let cap = conns as f64 * window * 1024.0 * 1024.0 / (rtt_ms * 1e-3);
+            let expect_s = rtt_ms * 1e-3 / 2.0 + bytes as f64 / link.min(cap);
+            let got_s = (fabric.wan_latency_ps(0, 8) + ends[0].time) as f64 * 1e-12;
+            assert!(
+                (got_s - expect_s).abs() / expect_s < 1e-9,
+                "{conns} connections: {got_s} s vs closed form {expect_s} s"
+            );
+            assert_eq!(net.rate(f) as f64, link.min(cap).round());
+            // Inside a DC nothing crosses the WAN.
+            assert_eq!(fabric.wan_latency_ps(0, 7), 0);
+        }
+    }
+
+    /// Max-min with caps: a flow capped below its fair share takes its cap and the leftover goes
+    /// to the others (link 100: caps 10 and none -> 10 and 90; three flows, one capped at 50
+    /// above the fair share 33 -> all 33).
+    #[test]
+    fn capped_flows_leave_their_share_to_others() {
+        let mut net = Network::new(vec![100]);
+        let a = net.add_capped(0, &[(0, 1)], 1000, 0, 10);
+        let b = net.add(0, &[(0, 1)], 1000, 1);
+        settle(&mut net, 0);
+        assert_eq!((net.rate(a), net.rate(b)), (10, 90));
+        let mut net = Network::new(vec![99]);
+        let fs = [
+            net.add_capped(0, &[(0, 1)], 1000, 0, 50),
+            net.add(0, &[(0, 1)], 1000, 1),
+            net.add(0, &[(0, 1)], 1000, 2),
+        ];
+        settle(&mut net, 0);
+        assert!(fs.iter().all(|&f| net.rate(f) == 33));
+        // Alone, a capped flow runs at its cap.
+        let mut net = Network::new(vec![100]);
+        let f = net.add_capped(0, &[(0, 1)], 1000, 0, 7);
+        settle(&mut net, 0);
+        assert_eq!(net.rate(f), 7);
+    }
+
+    /// Three DCs in a chain: traffic between the ends crosses both links and both latencies.
+    #[test]
+    fn wan_paths_cross_intermediate_datacenters() {
+        let mut c = two_dc(3, 10.0, 20.0, 16.0, 1);
+        let w = &mut c.topology.wan;
+        w.datacenters = (0..3)
+            .map(|i| crate::wan::Datacenter {
+                name: format!("dc{i}"),
+                nodes: 1,
+            })
+            .collect();
+        let mut l2 = w.links[0].clone();
+        (l2.a, l2.b, l2.rtt_ms) = (1, 2, 30.0);
+        w.links.push(l2);
+        w.validate(3).unwrap();
+        let fabric = Fabric::new(&c, 1_000_000);
+        assert_eq!(fabric.wan_latency_ps(0, 16), 25_000_000_000);
+        let mut links = Vec::new();
+        fabric.route(0, 16, &mut links);
+        assert_eq!(links.iter().filter(|&&(l, _)| fabric.is_wan(l)).count(), 2);
+        // Unconnected DCs are refused.
+        c.topology.wan.links.pop();
+        assert!(c.topology.wan.validate(3).is_err());
     }
 }

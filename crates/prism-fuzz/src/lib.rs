@@ -91,6 +91,7 @@ impl Target {
                 include_str!("../../prism-cli/tests/data/variability.toml"),
                 include_str!("../../prism-cli/tests/data/explore.toml"),
                 include_str!("../../prism-cli/tests/data/pruning.toml"),
+                include_str!("../../prism-cli/tests/data/geo.toml"),
                 include_str!("../../prism-io/tests/data/jobs/canonical.toml"),
                 include_str!("../../prism-io/tests/data/jobs/inline.toml"),
                 include_str!("../../prism-io/tests/data/jobs/megatron-aliases.toml"),

@@ -166,6 +166,8 @@ enum Ty {
     Dist,
     /// A sub-table (`[variability.failures]`), checked against its own field list.
     Table,
+    /// An array (`[wan]`'s per-datacenter and per-link lists), checked where it is read.
+    List,
 }
 
 impl Ty {
@@ -180,6 +182,7 @@ impl Ty {
                  or a number for a constant)"
             }
             Ty::Table => "a table",
+            Ty::List => "an array",
         }
     }
 }
@@ -390,6 +393,7 @@ const SECTIONS: &[(&str, &[Field])] = &[
     ("published", PUBLISHED_FIELDS),
     ("variability", VARIABILITY_FIELDS),
     ("resilience", RESILIENCE_FIELDS),
+    ("wan", WAN_FIELDS),
 ];
 
 /// `[resilience]`: workload and restart figures of `prism resilience` and `prism detect`
@@ -403,6 +407,19 @@ const RESILIENCE_FIELDS: &[Field] = &[
     fld("checkpoint_period_s", Ty::F64),
     fld("stage_tp", Ty::Str),
     fld("memory_fraction", Ty::F64),
+];
+
+/// `[wan]`: datacenters and the WAN links between them (`prism_core::wan`). The per-link
+/// figures take one number for every link or an array with one per link.
+const WAN_FIELDS: &[Field] = &[
+    fld("datacenters", Ty::List),
+    fld("datacenter_nodes", Ty::List),
+    fld("links", Ty::List),
+    fld("link_gbps", Ty::List),
+    fld("link_rtt_ms", Ty::List),
+    fld("tcp_window_mib", Ty::List),
+    fld("connections", Ty::List),
+    fld("sharing", Ty::Str),
 ];
 
 /// Sub-sections: the fields of type [`Ty::Table`] of a section, stored in [`Doc::sections`]
@@ -1532,8 +1549,12 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
     let mut sources = Sources::new();
     let (model, model_fields) = build_model(ctx, doc, base_dir)?;
     record(&mut sources, "model", &model_fields);
-    let (cluster, cluster_fields) = build_cluster(ctx, doc)?;
+    let (mut cluster, cluster_fields) = build_cluster(ctx, doc)?;
     record(&mut sources, "cluster", &cluster_fields);
+    if let Some(sec) = doc.sections.get("wan") {
+        record(&mut sources, "wan", &sec.fields);
+        cluster.topology.wan = build_wan(ctx, &sec.fields)?;
+    }
     check_model_bounds(ctx, &model_fields, &model)?;
 
     let training_fields = doc
@@ -2362,6 +2383,7 @@ fn build_cluster(
             pod_nodes: g.u32("pod_nodes")?.unwrap_or(0),
             pod_oversubscription: g.f64("pod_oversubscription")?.unwrap_or(1.0),
             ecmp_flows: g.u32("ecmp_flows")?.unwrap_or(0),
+            wan: Default::default(),
         },
     };
     Ok((cluster, fields))
@@ -2643,5 +2665,210 @@ fn build_parallel(
             .bool("grad_reduce_in_bf16")?
             .unwrap_or(sd.grad_reduce_in_bf16),
         pp_scatter_gather: g.bool("pp_scatter_gather")?.unwrap_or(sd.pp_scatter_gather),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// [wan]: datacenters and WAN links
+// ---------------------------------------------------------------------------------------------
+
+/// The elements of array `key` of `[wan]` (a single value counts as a one-element array when
+/// `scalar_ok`).
+fn wan_list<'e>(
+    g: &'e Getter<'_>,
+    key: &str,
+    scalar_ok: bool,
+) -> Result<Option<Vec<(&'e Val, &'e Src)>>, JobFileError> {
+    let Some(e) = g.entry(key) else {
+        return Ok(None);
+    };
+    match &e.val {
+        Val::Array(items) => Ok(Some(items.iter().map(|(v, s)| (v, s)).collect())),
+        v if scalar_ok && !matches!(v, Val::Table(_)) => Ok(Some(vec![(v, &e.src)])),
+        _ => Err(g.type_error(key, e, Ty::List)),
+    }
+}
+
+/// A per-link number of `[wan]`: one for all `n` links or one per link; `default` when absent.
+fn wan_link_numbers(
+    g: &Getter<'_>,
+    key: &str,
+    n: usize,
+    default: Option<f64>,
+) -> Result<Vec<f64>, JobFileError> {
+    let dotted = g.dotted(key);
+    let Some(items) = wan_list(g, key, true)? else {
+        return match default {
+            _ if n == 0 => Ok(Vec::new()),
+            Some(d) => Ok(vec![d; n]),
+            None => Err(g.missing(key, "give one number for every WAN link or one per link")),
+        };
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (v, src) in &items {
+        let x = match v {
+            Val::Float(x) => *x,
+            Val::Int(i) => *i as f64,
+            other => {
+                return Err(g.ctx.at_value(
+                    src,
+                    &dotted,
+                    format!("expected a number, found {}", other.kind()),
+                ));
+            }
+        };
+        if !x.is_finite() || x < 0.0 {
+            return Err(g.ctx.at_value(
+                src,
+                &dotted,
+                format!("must be a non-negative finite number (got {x})"),
+            ));
+        }
+        out.push(x);
+    }
+    match (out.len(), g.entry(key).map(|e| &e.val)) {
+        (_, Some(Val::Array(_))) if out.len() == n => Ok(out),
+        (1, Some(v)) if !matches!(v, Val::Array(_)) => Ok(vec![out[0]; n]),
+        (len, _) => Err(g.ctx.at_value(
+            &g.entry(key).expect("present").src,
+            &dotted,
+            format!("has {len} entries for {n} links in wan.links (give one per link, or one number for all)"),
+        )),
+    }
+}
+
+fn build_wan(
+    ctx: &Ctx<'_>,
+    fields: &BTreeMap<&'static str, Entry>,
+) -> Result<prism_core::wan::Wan, JobFileError> {
+    use prism_core::wan::{Datacenter, Wan, WanLink, WanSharing};
+    let g = Getter {
+        ctx,
+        section: "wan",
+        fields,
+    };
+    let strings = |key: &str| -> Result<Vec<(String, Src)>, JobFileError> {
+        let Some(items) = wan_list(&g, key, false)? else {
+            return Ok(Vec::new());
+        };
+        items
+            .into_iter()
+            .map(|(v, src)| match v {
+                Val::Str(s) => Ok((s.trim().to_string(), src.clone())),
+                other => Err(ctx.at_value(
+                    src,
+                    &format!("wan.{key}"),
+                    format!("expected a string, found {}", other.kind()),
+                )),
+            })
+            .collect()
+    };
+    let names = strings("datacenters")?;
+    let nodes = match wan_list(&g, "datacenter_nodes", false)? {
+        None if names.is_empty() => Vec::new(),
+        None => {
+            return Err(g.missing(
+                "datacenter_nodes",
+                "give the nodes of each datacenter, in the order of wan.datacenters",
+            ));
+        }
+        Some(items) => {
+            let mut out = Vec::new();
+            for (v, src) in items {
+                match v {
+                    Val::Int(i) if (1..=u32::MAX as i128).contains(i) => out.push(*i as u32),
+                    other => {
+                        return Err(ctx.at_value(
+                            src,
+                            "wan.datacenter_nodes",
+                            format!("expected a positive integer, found {}", fmt_val(other)),
+                        ));
+                    }
+                }
+            }
+            out
+        }
+    };
+    if nodes.len() != names.len() {
+        let e = g
+            .entry("datacenter_nodes")
+            .or(g.entry("datacenters"))
+            .expect("one is present");
+        return Err(ctx.at_value(
+            &e.src,
+            "wan.datacenter_nodes",
+            format!(
+                "has {} entries for {} datacenters in wan.datacenters (give one node count per datacenter)",
+                nodes.len(),
+                names.len()
+            ),
+        ));
+    }
+    let datacenters: Vec<Datacenter> = names
+        .iter()
+        .zip(&nodes)
+        .map(|((name, _), &n)| Datacenter {
+            name: name.clone(),
+            nodes: n,
+        })
+        .collect();
+    let pairs = strings("links")?;
+    let mut ends = Vec::new();
+    for (text, src) in &pairs {
+        let dc = |name: &str| -> Result<u32, JobFileError> {
+            let name = name.trim();
+            names
+                .iter()
+                .position(|(n, _)| n == name)
+                .map(|i| i as u32)
+                .ok_or_else(|| {
+                    let all: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).collect();
+                    ctx.at_value(
+                        src,
+                        "wan.links",
+                        format!(
+                            "unknown datacenter `{name}` in link \"{text}\" (wan.datacenters: {})",
+                            all.join(", ")
+                        ),
+                    )
+                })
+        };
+        let Some((a, b)) = text.split_once(':') else {
+            return Err(ctx.at_value(
+                src,
+                "wan.links",
+                format!("a link is \"A:B\" (two datacenter names), got \"{text}\""),
+            ));
+        };
+        ends.push((dc(a)?, dc(b)?));
+    }
+    let n = ends.len();
+    let gbps = wan_link_numbers(&g, "link_gbps", n, None)?;
+    let rtt = wan_link_numbers(&g, "link_rtt_ms", n, None)?;
+    let window = wan_link_numbers(&g, "tcp_window_mib", n, Some(16.0))?;
+    let conns = wan_link_numbers(&g, "connections", n, Some(1.0))?;
+    let links = (0..n)
+        .map(|i| WanLink {
+            a: ends[i].0,
+            b: ends[i].1,
+            gbps: gbps[i],
+            rtt_ms: rtt[i],
+            tcp_window_mib: window[i],
+            connections: conns[i].round() as u32,
+        })
+        .collect();
+    let sharing = g
+        .choice(
+            "sharing",
+            &[
+                ("fair", WanSharing::Fair),
+                ("temporal", WanSharing::Temporal),
+            ],
+        )?
+        .unwrap_or_default();
+    Ok(Wan {
+        datacenters,
+        links,
+        sharing,
     })
 }

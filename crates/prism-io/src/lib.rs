@@ -8,6 +8,7 @@
 
 mod csv_text;
 mod files;
+pub mod geo;
 pub mod hf;
 pub mod jobfile;
 pub mod kernel_table;
