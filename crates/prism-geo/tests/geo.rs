@@ -167,6 +167,7 @@ fn llama2_70b() -> Model {
         moe: None,
         tied_embeddings: false,
         dropout: false,
+        arch: Default::default(),
     }
 }
 
