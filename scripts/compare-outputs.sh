@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Byte-for-byte comparison of Prism's JSON outputs between a git revision and the working tree:
 # `prism simulate --json`, `prism predict --json` (default job, both examples, a pruning job;
-# fixed seed) and `prism explore --json` on a small job (deterministic and sampled).
+# fixed seed), `prism explore --json` on a small job (deterministic and sampled), and the
+# DeepSeek-V3 example, `prism geo plan` and `prism resilience` on their examples.
 #
 #   scripts/compare-outputs.sh REV [EXTRA_EXPLORE_ARGS_FOR_THE_WORKING_TREE...]
 #
@@ -31,6 +32,10 @@ run_all() { # binary outdir extra-explore-args...
   "$p" predict --json "$data/pruning.toml" --tokens 1e9 --samples 30 > "$o/predict-pruning.json" 2>/dev/null
   "$p" explore --json "$data/explore.toml" > "$o/explore-det.json" 2>/dev/null
   "$p" explore --json "$tmp/explore-var.toml" --samples 6 --objective p99 --top 0 "$@" > "$o/explore-var.json" 2>/dev/null
+  # Capabilities added later: an older revision without them writes an empty file.
+  "$p" simulate --json --allow-oom examples/deepseek-v3-2048-h800.toml > "$o/simulate-deepseek-v3.json" 2>/dev/null || true
+  "$p" geo plan --json examples/geo-llama3-70b-2dc.toml > "$o/geo-plan-70b.json" 2>/dev/null || true
+  "$p" resilience --json examples/resilience/llama70b-256-a100.toml --scenario examples/resilience/mixed-6h.toml > "$o/resilience-mixed.json" 2>/dev/null || true
 }
 run_all "$tmp/base/target/release/prism" "$tmp/before"
 run_all target/release/prism "$tmp/after" "$@"

@@ -1002,19 +1002,8 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|&k| vec![None; layout.group_count(k) as usize])
             .collect();
-        let links_cache = GROUP_KINDS
-            .iter()
-            .map(|&k| {
-                vec![
-                    None;
-                    if full {
-                        layout.group_count(k) as usize
-                    } else {
-                        layout.pp as usize
-                    }
-                ]
-            })
-            .collect();
+        let links_cache = per_group_slots(&layout, full);
+        let wan_lat_cache = per_group_slots(&layout, full);
         let net = Network::new(fabric.capacity.clone());
         Sim {
             cluster,
@@ -1047,19 +1036,7 @@ impl<'a> Sim<'a> {
             timelines,
             remaining_ops,
             too_long: false,
-            wan_lat_cache: GROUP_KINDS
-                .iter()
-                .map(|&k| {
-                    vec![
-                        None;
-                        if full {
-                            layout.group_count(k) as usize
-                        } else {
-                            layout.pp as usize
-                        }
-                    ]
-                })
-                .collect(),
+            wan_lat_cache,
             turns: WanTurns::default(),
             wan_flows: Vec::new(),
             wan_done: Vec::new(),
@@ -1925,4 +1902,19 @@ fn stream_of(kind: GroupKind) -> usize {
         GroupKind::Ep => Stream::Ep,
         GroupKind::Dp | GroupKind::Edp => Stream::Dp,
     }) as usize
+}
+/// One empty cache slot per group of each kind: every group in a full run, one per pipeline
+/// stage (the stage's representative group) in a reduced run.
+fn per_group_slots<T: Clone>(layout: &Layout, full: bool) -> Vec<Vec<Option<T>>> {
+    GROUP_KINDS
+        .iter()
+        .map(|&k| {
+            let n = if full {
+                layout.group_count(k) as usize
+            } else {
+                layout.pp as usize
+            };
+            vec![None; n]
+        })
+        .collect()
 }

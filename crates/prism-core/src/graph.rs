@@ -1531,38 +1531,56 @@ impl<'a> StageBuilder<'a> {
 
     /// Shared experts backward; returns the op producing their input gradient.
     fn shared_expert_backward(&mut self, tag: OpTag, grad: u32) -> u32 {
+        let f = self.job.model.arch.moe_shared_ffn_hidden as u64 / self.dims().tp;
+        self.mlp_backward(
+            [
+                "shared_fc2_dgrad",
+                "shared_fc2_wgrad",
+                "shared_act_bwd",
+                "shared_fc1_dgrad",
+                "shared_fc1_wgrad",
+            ],
+            f,
+            tag,
+            grad,
+        )
+    }
+
+    /// Backward of one dense MLP of local width `f` (fc2 data and weight gradients, the
+    /// activation, fc1 gradients with the TP reduction of its input gradient), under the op
+    /// names `names` (fc2 dgrad, fc2 wgrad, activation, fc1 dgrad, fc1 wgrad); returns the op
+    /// producing the MLP's input gradient.
+    fn mlp_backward(&mut self, names: [&'static str; 5], f: u64, tag: OpTag, grad: u32) -> u32 {
         let d = self.dims();
-        let m = &self.job.model;
-        let f = m.arch.moe_shared_ffn_hidden as u64 / d.tp;
-        let n_fc1 = if m.activation == Activation::SwiGlu {
+        let n_fc1 = if self.job.model.activation == Activation::SwiGlu {
             2 * f
         } else {
             f
         };
         let (dg_deps, after) = self.gathered_grad(tag, grad);
         self.compute(
-            "shared_fc2_dgrad",
+            names[0],
             OpClass::Gemm,
             Self::gemm(d.t, f, d.h),
             tag,
             &dg_deps,
         );
         self.compute(
-            "shared_fc2_wgrad",
+            names[1],
             OpClass::Gemm,
             Self::gemm(f, d.h, d.t),
             tag,
             &after,
         );
         let ab = self.compute(
-            "shared_act_bwd",
+            names[2],
             OpClass::Elementwise,
             Self::mem((2 * n_fc1 + f) * d.t * ACT_BYTES),
             tag,
             &[],
         );
         let (g, _wg) = self.linear_backward_in(
-            ("shared_fc1_dgrad", "shared_fc1_wgrad"),
+            (names[3], names[4]),
             Self::gemm(d.t, d.h, n_fc1),
             Self::gemm(n_fc1, d.h, d.t),
             tag,
@@ -1955,42 +1973,18 @@ impl<'a> StageBuilder<'a> {
                 &router_deps,
             );
         } else {
-            let (dg_deps, after) = self.gathered_grad(tag, cur);
-            let n_fc1 = if m.activation == Activation::SwiGlu {
-                2 * d.ffn_local
-            } else {
-                d.ffn_local
-            };
-            self.compute(
-                "fc2_dgrad",
-                OpClass::Gemm,
-                Self::gemm(d.t, d.ffn_local, d.h),
+            cur = self.mlp_backward(
+                [
+                    "fc2_dgrad",
+                    "fc2_wgrad",
+                    "act_bwd",
+                    "fc1_dgrad",
+                    "fc1_wgrad",
+                ],
+                d.ffn_local,
                 tag,
-                &dg_deps,
+                cur,
             );
-            self.compute(
-                "fc2_wgrad",
-                OpClass::Gemm,
-                Self::gemm(d.ffn_local, d.h, d.t),
-                tag,
-                &after,
-            );
-            let ab = self.compute(
-                "act_bwd",
-                OpClass::Elementwise,
-                Self::mem((2 * n_fc1 + d.ffn_local) * d.t * ACT_BYTES),
-                tag,
-                &[],
-            );
-            let (g, _wg) = self.linear_backward_in(
-                ("fc1_dgrad", "fc1_wgrad"),
-                Self::gemm(d.t, d.h, n_fc1),
-                Self::gemm(n_fc1, d.h, d.t),
-                tag,
-                ab,
-                act,
-            );
-            cur = g;
         }
         let nb2 = self.compute(
             "norm2_bwd",

@@ -339,23 +339,7 @@ pub fn pp_across(
         return None;
     }
     let stage_nodes = (stage_gpus / gpn as u64) as u32;
-    let mut left = pp;
-    let (mut dcs, mut per_dc, mut nodes) = (Vec::new(), Vec::new(), Vec::new());
-    for &d in order {
-        if left == 0 {
-            break;
-        }
-        let k = (wan.datacenters[d as usize].nodes / stage_nodes).min(left);
-        if k > 0 {
-            dcs.push(d);
-            per_dc.push(k);
-            nodes.push(k * stage_nodes);
-            left -= k;
-        }
-    }
-    if left > 0 {
-        return None;
-    }
+    let (dcs, per_dc, nodes) = fill_dcs(wan, order, stage_nodes, pp)?;
     let mut j = job.clone();
     j.cluster.nodes = pp * stage_nodes;
     j.cluster.topology.wan = sub_wan(wan, &dcs, &nodes, sharing, one_conn)?;
@@ -374,6 +358,31 @@ pub fn pp_across(
     ))
 }
 
+/// Places `count` units of `unit_nodes` nodes each on the DCs in `order`, each DC taking as
+/// many as fit: the DCs used, units per DC and nodes per DC, or `None` when they do not all fit.
+fn fill_dcs(
+    wan: &Wan,
+    order: &[u32],
+    unit_nodes: u32,
+    count: u32,
+) -> Option<(Vec<u32>, Vec<u32>, Vec<u32>)> {
+    let mut left = count;
+    let (mut dcs, mut per_dc, mut nodes) = (Vec::new(), Vec::new(), Vec::new());
+    for &d in order {
+        if left == 0 {
+            break;
+        }
+        let k = (wan.datacenters[d as usize].nodes / unit_nodes).min(left);
+        if k > 0 {
+            dcs.push(d);
+            per_dc.push(k);
+            nodes.push(k * unit_nodes);
+            left -= k;
+        }
+    }
+    (left == 0).then_some((dcs, per_dc, nodes))
+}
+
 /// DP-across-DCs placement: whole pipelines of `pp` stages inside a DC, `dp` of them spread
 /// over the DCs in `order` (each taking as many as fit).
 pub fn dp_across(job: &Job, pp: u32, dp: u32, mb: u32, order: &[u32]) -> Option<(Job, Placement)> {
@@ -387,23 +396,7 @@ pub fn dp_across(job: &Job, pp: u32, dp: u32, mb: u32, order: &[u32]) -> Option<
         return None;
     }
     let pipe_nodes = (pipe_gpus / gpn as u64) as u32;
-    let mut left = dp;
-    let (mut dcs, mut per_dc, mut nodes) = (Vec::new(), Vec::new(), Vec::new());
-    for &d in order {
-        if left == 0 {
-            break;
-        }
-        let k = (wan.datacenters[d as usize].nodes / pipe_nodes).min(left);
-        if k > 0 {
-            dcs.push(d);
-            per_dc.push(k);
-            nodes.push(k * pipe_nodes);
-            left -= k;
-        }
-    }
-    if left > 0 {
-        return None;
-    }
+    let (dcs, per_dc, nodes) = fill_dcs(wan, order, pipe_nodes, dp)?;
     let mut j = job.clone();
     j.cluster.nodes = dp * pipe_nodes;
     j.cluster.topology.wan = sub_wan(wan, &dcs, &nodes, WanSharing::Fair, false)?;

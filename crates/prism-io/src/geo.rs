@@ -299,16 +299,7 @@ pub fn lines_svg(
     series: &[(String, Vec<(f64, f64)>)],
     log_x: bool,
 ) -> Result<String, String> {
-    const PALETTE: [RGBColor; 8] = [
-        RGBColor(31, 119, 180),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(214, 39, 40),
-        RGBColor(148, 103, 189),
-        RGBColor(140, 86, 75),
-        RGBColor(227, 119, 194),
-        RGBColor(23, 190, 207),
-    ];
+    use crate::plot::COLORS as PALETTE;
     let pts = series.iter().flat_map(|s| s.1.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, 0.0f64, 0.0f64);
     for &(x, y) in pts {

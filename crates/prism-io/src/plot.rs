@@ -13,7 +13,8 @@ pub struct Point {
     pub y: f64,
 }
 
-const COLORS: [RGBColor; 8] = [
+/// The plots' series colours (matplotlib's tab10 order), shared by every SVG plot.
+pub(crate) const COLORS: [RGBColor; 8] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),

@@ -328,6 +328,17 @@ struct Hang {
 }
 
 impl Hang {
+    /// A watcher with the configured hang factor and heartbeat time-out, nothing seen yet.
+    fn new(cfg: &DetectorConfig) -> Self {
+        Hang {
+            factor: cfg.hang_factor,
+            min_s: cfg.heartbeat_timeout_s,
+            hung: false,
+            since: f64::NEG_INFINITY,
+            last: None,
+        }
+    }
+
     fn check(&mut self, now: f64, median: Option<f64>, out: &mut Vec<Episode>) {
         let (Some(last), Some(med)) = (self.last, median) else {
             return;
@@ -395,13 +406,7 @@ impl ThresholdDetector {
             run_start: 0.0,
             last_end: None,
             now: 0.0,
-            hang: Hang {
-                factor: cfg.hang_factor,
-                min_s: cfg.heartbeat_timeout_s,
-                hung: false,
-                since: f64::NEG_INFINITY,
-                last: None,
-            },
+            hang: Hang::new(&cfg),
             out: Vec::new(),
         }
     }
@@ -619,13 +624,7 @@ impl GreyhoundDetector {
             slow: false,
             last_end: None,
             now: 0.0,
-            hang: Hang {
-                factor: cfg.hang_factor,
-                min_s: cfg.heartbeat_timeout_s,
-                hung: false,
-                since: f64::NEG_INFINITY,
-                last: None,
-            },
+            hang: Hang::new(&cfg),
             out: Vec::new(),
             ends: Vec::new(),
             pending: None,
