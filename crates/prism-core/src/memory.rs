@@ -382,7 +382,8 @@ pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
         Schedule::GPipe => m as f64,
         Schedule::OneFOneB | Schedule::OneFOneBOverlap => (p - i).min(m) as f64,
         // DualPipe keeps `PP + 1` micro-batches' activations of one stage at its peak
-        // (DeepSeek-V3 report, Table 2); a rank holds two stages, so `(PP + 1) / 2` of them.
+        // (DeepSeek-V3 report, Table 2); a rank holds two stages, so `(PP + 1) / 2` of them
+        // on average (per chunk: [`dualpipe_chunk_in_flight`], which the memory model uses).
         Schedule::DualPipe => (p + 1) as f64 / 2.0,
         Schedule::Interleaved => {
             let v = job.parallel.vpp as u64;
@@ -390,6 +391,40 @@ pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
             chunks as f64 / v as f64
         }
     }
+}
+
+/// Micro-batches of each of DualPipe's two chunks that pipeline rank `stage` holds at its
+/// peak, `[chunk 0, chunk 1]` (chunk 0 = stage `stage` of the forward-direction pipeline,
+/// chunk 1 = stage `pp - 1 - stage` of the reverse one; [`Job::chunk_layers`]), found by
+/// walking the rank's schedule ([`crate::schedules::dualpipe_steps`]): each forward adds a
+/// micro-batch of its chunk, each backward frees one, an overlapped forward-backward pair
+/// runs its forward first. Both chunks reach their maxima at the same step, `pp - stage` and
+/// `stage + 1` micro-batches, `pp + 1` together (DeepSeek-V3 report, Table 2); so the stage
+/// holding the input embedding keeps `pp` micro-batches in flight and the one holding the
+/// output head one, as with 1F1B.
+pub fn dualpipe_chunk_in_flight(job: &Job, stage: u32) -> [f64; 2] {
+    use crate::schedules::{PipeStep, dualpipe_steps};
+    let m = job.micro_batches().min(u32::MAX as u64) as u32;
+    let (mut live, mut peak) = ([0i64; 2], [0i64; 2]);
+    let mut best = -1i64;
+    let mut forward = |c: u32, live: &mut [i64; 2]| {
+        live[c as usize] += 1;
+        if live[0] + live[1] > best {
+            best = live[0] + live[1];
+            peak = *live;
+        }
+    };
+    for step in dualpipe_steps(stage, job.parallel.pp, m) {
+        match step {
+            PipeStep::Forward(_, c) => forward(c, &mut live),
+            PipeStep::Backward(_, c) => live[c as usize] -= 1,
+            PipeStep::ForwardBackward((_, f), (_, b)) => {
+                forward(f, &mut live);
+                live[b as usize] -= 1;
+            }
+        }
+    }
+    [peak[0] as f64, peak[1] as f64]
 }
 
 /// Peak number of micro-batches of one model chunk in flight on pipeline rank `rank` under
@@ -452,6 +487,10 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
                 sum - input
             })
             .collect();
+        if p.schedule == Schedule::DualPipe {
+            let n = dualpipe_chunk_in_flight(job, stage);
+            return weights[0] * n[0] + weights[1] * n[1];
+        }
         if p.schedule != Schedule::Interleaved {
             return weights.iter().sum::<f64>() * in_flight_microbatches(job, stage);
         }
@@ -463,10 +502,6 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
             &weights,
         );
     }
-    let even = chunks.iter().all(|r| r.len() == chunks[0].len());
-    if even && input == 0.0 {
-        return layers as f64 * in_flight_microbatches(job, stage) * per_layer;
-    }
     let chunk_bytes = |n: usize| {
         if n == 0 {
             0.0
@@ -474,6 +509,14 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
             n as f64 * per_layer - input
         }
     };
+    if p.schedule == Schedule::DualPipe {
+        let n = dualpipe_chunk_in_flight(job, stage);
+        return chunk_bytes(chunks[0].len()) * n[0] + chunk_bytes(chunks[1].len()) * n[1];
+    }
+    let even = chunks.iter().all(|r| r.len() == chunks[0].len());
+    if even && input == 0.0 {
+        return layers as f64 * in_flight_microbatches(job, stage) * per_layer;
+    }
     if p.schedule != Schedule::Interleaved {
         return chunk_bytes(layers as usize) * in_flight_microbatches(job, stage);
     }
@@ -510,8 +553,15 @@ fn interleaved_weighted_peak(p: u64, v: u64, m: u64, rank: u64, weights: &[f64])
 /// per-micro-batch extras (embedding dropout mask; LM head and loss tensors) at the peak.
 fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
     match job.parallel.schedule {
-        Schedule::GPipe | Schedule::OneFOneB | Schedule::OneFOneBOverlap | Schedule::DualPipe => {
+        Schedule::GPipe | Schedule::OneFOneB | Schedule::OneFOneBOverlap => {
             in_flight_microbatches(job, stage)
+        }
+        Schedule::DualPipe => {
+            // The chunk holding pipeline stage 0 (embedding) or `pp - 1` (head): chunk 0 on
+            // the rank of that stage, chunk 1 on the mirrored rank.
+            let target = if first { 0 } else { job.parallel.pp - 1 };
+            let chunk = if stage == target { 0 } else { 1 };
+            dualpipe_chunk_in_flight(job, stage)[chunk]
         }
         Schedule::Interleaved => {
             let p = job.parallel.pp as u64;

@@ -334,3 +334,51 @@ fn defaults_and_full_recompute_change_nothing() {
     assert_eq!(graph_flops(&g0, true), graph_flops(&g1, true));
     assert_eq!(job.training.memory_saving, MemorySaving::default());
 }
+
+/// Truth: walking DualPipe's schedule, rank `r` of `pp` holds at most `pp - r` micro-batches of
+/// its forward-direction chunk and `r + 1` of its reverse-direction chunk, both at once
+/// (`pp + 1` together, the DeepSeek-V3 report's Table 2); so a rank's activations are
+/// `(pp - r) w0 + (r + 1) w1` for chunk bytes `w0`, `w1`, the embedding tensors (stage 0)
+/// stay `pp` micro-batches and the head tensors (stage `pp - 1`) one.
+#[test]
+fn dualpipe_per_chunk_in_flight() {
+    use prism_core::job::Schedule;
+    for (pp, m) in [(2u32, 4u32), (4, 8), (4, 12), (8, 16), (8, 30)] {
+        let mut job = small_deepseek_job(4, 1, pp, 32 / pp * m, 4);
+        job.parallel.schedule = Schedule::DualPipe;
+        job.training.precision = Precision::Fp8;
+        let job = valid(job);
+        assert_eq!(job.micro_batches(), m as u64);
+        for r in 0..pp {
+            let n = memory::dualpipe_chunk_in_flight(&job, r);
+            assert_eq!(
+                n,
+                [(pp - r) as f64, (r + 1) as f64],
+                "pp {pp} m {m} rank {r}"
+            );
+            // Layer activations: chunk sums of the per-layer closed forms times those counts.
+            let chunks = job.chunk_layers(r);
+            let w = |c: usize| -> f64 {
+                chunks[c]
+                    .clone()
+                    .map(|l| layer_activation_bytes_at(&job, Recompute::None, l))
+                    .sum()
+            };
+            let want = (pp - r) as f64 * w(0) + (r + 1) as f64 * w(1);
+            let got = memory::in_flight_activations(&job, r);
+            assert!((got - want).abs() <= 1e-9 * want, "pp {pp} rank {r}");
+        }
+        // Rank 0: the forward-direction embedding's dropout mask (`sbh`, 1 byte) for pp
+        // micro-batches and the reverse-direction head for one (final-norm input `2sbh`,
+        // head input `2sbh`, FP32 logits `4sbV`).
+        let (s, h, v) = (
+            job.model.seq_len as f64,
+            job.model.hidden as f64,
+            job.model.vocab as f64,
+        );
+        let extras = memory::stage_memory(&job, 0).activations as f64
+            - memory::in_flight_activations(&job, 0);
+        let want = pp as f64 * s * h + (4.0 * s * h + 4.0 * s * v);
+        assert!((extras - want).abs() <= 1.0, "pp {pp}: {extras} vs {want}");
+    }
+}
