@@ -24,6 +24,9 @@
 //! * FP8 training (Transformer Engine) is modelled with the same BF16 weights; its cached FP8
 //!   weight copies are not counted.
 //! * [`WORKSPACE_BYTES`] is reserved for everything not modelled tensor by tensor.
+//! * DeepSeek-V3's memory savings ([`crate::job::MemorySaving`]): BF16 Adam moments (8 bytes
+//!   of optimizer state per parameter), norm and MLA up-projection recomputation and FP8
+//!   activation caching (see [`layer_activation_bytes_at`]).
 
 use crate::job::{Job, Recompute, Schedule};
 
