@@ -735,6 +735,11 @@ impl<'a> StageBuilder<'a> {
         }
     }
 
+    /// DeepSeek-V3's FP8 activation cache: MoE activation outputs are recomputed in backward.
+    fn fp8_act_cache(&self) -> bool {
+        self.job.training.memory_saving.activation_cache == crate::job::ActivationCache::Fp8
+    }
+
     fn mem(bytes: u64) -> Work {
         Work::Memory { bytes }
     }
@@ -1557,6 +1562,18 @@ impl<'a> StageBuilder<'a> {
         } else {
             f
         };
+        if self.fp8_act_cache() {
+            self.compute(
+                "shared_act_recompute",
+                OpClass::Elementwise,
+                Self::mem((n_fc1 + f) * d.t * ACT_BYTES),
+                OpTag {
+                    phase: Phase::Recompute,
+                    ..tag
+                },
+                &[],
+            );
+        }
         let (dg_deps, after) = self.gathered_grad(tag, grad);
         self.compute(
             names[0],
@@ -1867,6 +1884,26 @@ impl<'a> StageBuilder<'a> {
             &[fw],
         );
         let mut cur = r2;
+        let rn = self
+            .job
+            .training
+            .memory_saving
+            .recomputes_norm_upproj(self.job.parallel.recompute);
+        let rtag = OpTag {
+            phase: Phase::Recompute,
+            ..tag
+        };
+        if rn {
+            // DeepSeek-V3 (Sec. 3.2.3): the second norm's output (the MLP / router / shared
+            // expert input) is rebuilt before the MLP backward.
+            cur = self.compute(
+                "norm2_recompute",
+                OpClass::Norm,
+                Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
+                rtag,
+                &[cur],
+            );
+        }
         if self.job.training.precision == Precision::Fp8 {
             // Transformer Engine casts and transposes every GEMM's output gradient to FP8 (read
             // BF16, write FP8 twice) and the transposed FP8 weights for the data gradients.
@@ -1907,6 +1944,20 @@ impl<'a> StageBuilder<'a> {
             // Shared experts' backward runs while the gradient all-to-all is in flight.
             let shared = (m.arch.moe_shared_ffn_hidden > 0)
                 .then(|| self.shared_expert_backward(tag, shared_in));
+            if self.fp8_act_cache() {
+                // DeepSeek-V3 (Sec. 3.3.3): only the SwiGLU input is cached (in FP8); its
+                // output, the fc2 weight-gradient input, is recomputed.
+                self.compute(
+                    "expert_act_recompute",
+                    OpClass::Elementwise,
+                    Self::mem(3 * pairs * fe * ACT_BYTES),
+                    OpTag {
+                        phase: Phase::Recompute,
+                        ..tag
+                    },
+                    &[],
+                );
+            }
             self.compute(
                 "expert_fc2_dgrad",
                 OpClass::Gemm,
@@ -2018,6 +2069,37 @@ impl<'a> StageBuilder<'a> {
         );
         if self.job.parallel.recompute == Recompute::Selective {
             self.attention_forward(tag, &[opw], true);
+        }
+        if rn {
+            // The first norm's output (the QKV / MLA down-projection input) and, with MLA, the
+            // up-projections' outputs (Q, K, V) are rebuilt before the attention backward.
+            let n1 = self.compute(
+                "norm1_recompute",
+                OpClass::Norm,
+                Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
+                rtag,
+                &[opw],
+            );
+            if self.job.model.arch.mla.is_some() {
+                let (_, q_up, kv_up) = self.mla_shapes();
+                if let Some((n, k)) = q_up {
+                    self.compute(
+                        "q_up_recompute",
+                        OpClass::Gemm,
+                        Self::gemm(d.t, n, k),
+                        rtag,
+                        &[n1],
+                    );
+                }
+                let (n, k) = kv_up;
+                self.compute(
+                    "kv_up_recompute",
+                    OpClass::Gemm,
+                    Self::gemm(d.t, n, k),
+                    rtag,
+                    &[n1],
+                );
+            }
         }
         let ab = self.attention_backward(tag, &[]);
         let mut after_attn = ab;
@@ -2278,10 +2360,15 @@ impl<'a> StageBuilder<'a> {
         } else {
             (local_dense, local_expert)
         };
+        // BF16 moments (DeepSeek-V3) move 8 bytes less per parameter.
+        let adam_bytes = match self.job.training.memory_saving.optimizer_state {
+            crate::job::OptimizerStateDtype::Fp32 => ADAM_BYTES_PER_PARAM,
+            bf16 => bf16.step_bytes_per_param(),
+        };
         let opt = self.compute(
             "optimizer_step",
             OpClass::Optimizer,
-            Self::mem((shard_d + shard_e) * ADAM_BYTES_PER_PARAM),
+            Self::mem((shard_d + shard_e) * adam_bytes),
             tag,
             &dp_ops,
         );

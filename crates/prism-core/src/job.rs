@@ -402,6 +402,76 @@ pub struct Training {
     /// The training software the job runs on; it sets the defaults of the settings that
     /// differ between stacks ([`Stack`]) and its own rules.
     pub stack: Stack,
+    /// DeepSeek-V3's memory-saving techniques (all off by default).
+    pub memory_saving: MemorySaving,
+}
+
+/// Memory-saving techniques of the DeepSeek-V3 technical report (DeepSeek-AI 2024,
+/// arXiv:2412.19437, Sec. 3.2.3 and 3.3.3). Each is independent; the default (all off) is the
+/// plain Megatron-style accounting. Their effect on stored activations is spelled out tensor by
+/// tensor in [`crate::memory::layer_activation_bytes_at`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemorySaving {
+    /// Recompute every transformer-layer RMSNorm and, with multi-head latent attention, the
+    /// query and key-value up-projections during backward (Sec. 3.2.3), so their outputs are
+    /// not stored. Ignored with [`Recompute::Full`], which recomputes the whole layer anyway.
+    pub recompute_norm_upproj: bool,
+    /// Storage format of the activations cached for the backward of linear layers.
+    pub activation_cache: ActivationCache,
+    /// Storage format of the AdamW first and second moments.
+    pub optimizer_state: OptimizerStateDtype,
+}
+
+impl MemorySaving {
+    /// Whether the norm and up-projection recomputation is in effect for `recompute`.
+    pub fn recomputes_norm_upproj(&self, recompute: Recompute) -> bool {
+        self.recompute_norm_upproj && recompute != Recompute::Full
+    }
+}
+
+/// Storage format of the activations cached for the weight-gradient GEMMs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ActivationCache {
+    /// BF16 (2 bytes per element), as the GEMMs produce them.
+    #[default]
+    Bf16,
+    /// DeepSeek-V3's FP8 caching (Sec. 3.3.3 "Low-Precision Activation"): linear-layer inputs
+    /// in FP8 (1 byte), the input of the linear after attention in the 12-bit E5M6 format
+    /// (1.5 bytes), and in MoE layers the SwiGLU input in FP8 with its output recomputed in
+    /// backward. Needs FP8 GEMMs ([`Precision::Fp8`]).
+    Fp8,
+}
+
+/// Storage format of the AdamW first and second moments; master weights and gradients stay
+/// FP32 either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OptimizerStateDtype {
+    /// FP32 moments: 4 + 4 bytes per parameter (12 with the FP32 master weights).
+    #[default]
+    Fp32,
+    /// BF16 moments (DeepSeek-V3, Sec. 3.3.3 "Low-Precision Optimizer States"): 2 + 2 bytes
+    /// per parameter (8 with the FP32 master weights).
+    Bf16,
+}
+
+impl OptimizerStateDtype {
+    /// Bytes per parameter of the optimizer state: FP32 master weights plus the two moments.
+    pub fn bytes_per_param(self) -> u64 {
+        match self {
+            OptimizerStateDtype::Fp32 => 12,
+            OptimizerStateDtype::Bf16 => 8,
+        }
+    }
+
+    /// Bytes the AdamW step reads and writes per parameter: the FP32 gradient (4), the FP32
+    /// master weight (read and write, 8), both moments (read and write) and the BF16 weight
+    /// written (2): 30 with FP32 moments, 22 with BF16 ones.
+    pub fn step_bytes_per_param(self) -> u64 {
+        match self {
+            OptimizerStateDtype::Fp32 => 30,
+            OptimizerStateDtype::Bf16 => 22,
+        }
+    }
 }
 
 /// A training software stack. Each differs physically in which communication overlaps exist,
@@ -684,6 +754,14 @@ impl Job {
         let c = &self.cluster;
         let p = &self.parallel;
         let t = &self.training;
+
+        if t.memory_saving.activation_cache == ActivationCache::Fp8 && t.precision != Precision::Fp8
+        {
+            return Err(JobError::new(
+                "training.activation_cache",
+                "\"fp8\" caches the FP8 inputs of FP8 GEMMs; it needs training.precision = \"fp8\"",
+            ));
+        }
 
         // Model sizes.
         for (k, v) in [
@@ -1336,6 +1414,7 @@ pub mod fixtures {
                 precision: Precision::Bf16,
                 flash_attention: true,
                 stack: Stack::MegatronCore,
+                memory_saving: MemorySaving::default(),
             },
         }
     }

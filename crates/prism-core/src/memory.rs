@@ -24,6 +24,9 @@
 //! * FP8 training (Transformer Engine) is modelled with the same BF16 weights; its cached FP8
 //!   weight copies are not counted.
 //! * [`WORKSPACE_BYTES`] is reserved for everything not modelled tensor by tensor.
+//! * DeepSeek-V3's memory savings ([`crate::job::MemorySaving`]): BF16 Adam moments (8 bytes
+//!   of optimizer state per parameter), norm and MLA up-projection recomputation and FP8
+//!   activation caching (see [`layer_activation_bytes_at`]).
 
 use crate::job::{Job, Recompute, Schedule};
 
@@ -35,7 +38,8 @@ pub const WORKSPACE_BYTES: u64 = 1 << 30;
 pub const WEIGHT_BYTES_PER_PARAM: u64 = 2;
 /// Bytes per parameter of the FP32 main gradients.
 pub const GRAD_BYTES_PER_PARAM: u64 = 4;
-/// Bytes per parameter of the optimizer state: FP32 master weights + Adam's two FP32 moments.
+/// Bytes per parameter of the optimizer state: FP32 master weights + Adam's two FP32 moments
+/// (8 with BF16 moments, [`crate::job::OptimizerStateDtype::Bf16`]).
 pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 12;
 
 /// Bytes one GPU holds, by kind.
@@ -232,9 +236,37 @@ fn layer_activation_bytes(job: &Job, recompute: Recompute) -> f64 {
 /// attention keeps its query and key-value latents (`2sb(r_q + r_kv + d_r)`, replicated) and
 /// Q, K, V at their MLA widths; shared experts keep their input (`2sbh`) and activation
 /// tensors; routed-expert tensors scale with the MoE load factor (capacity or imbalance).
+///
+/// DeepSeek-V3's memory savings ([`crate::job::MemorySaving`], DeepSeek-AI 2024,
+/// arXiv:2412.19437) change these tensors (with `c` = 1 byte for an FP8 activation cache, 2
+/// otherwise):
+///
+/// | tensor | default | norm + up-projection recompute | FP8 activation cache |
+/// |---|---|---|---|
+/// | QKV / MLA down-projection input (norm 1 output) | 2sbh | 0 | sbh |
+/// | Q, K, V (MLA up-projection outputs) | as above | 0 | unchanged |
+/// | output projection input | 2sb·hq | unchanged | 1.5sb·hq (E5M6) |
+/// | dense MLP input (norm 2 output) | 2sbh | 0 | sbh |
+/// | shared-expert input (norm 2 output) | 2sbh | 0 | sbh |
+/// | routed-expert input (k dispatched copies) | 2sbh·k | unchanged | sbh·k |
+/// | MoE activation (routed and shared): SwiGLU input 4sbf, output 2sbf (GeLU 2sbf + 2sbf) | 6sbf | unchanged | 2sbf (GeLU sbf): FP8 input, output recomputed |
+/// | dense activation: SwiGLU input 4sbf, output (fc2 input) 2sbf | 6sbf | unchanged | 4sbf + sbf |
+///
+/// The norm inputs (layer input, post-attention residual) and the MLA latents (the inputs of
+/// the latent norms) stay stored in BF16: they are what the recomputation starts from. The
+/// routed-expert inputs stay stored with recomputation, as recomputing them would repeat the
+/// dispatch all-to-all; DeepSeek-V3 dispatches them in FP8 (Sec. 3.3.3 "Low-Precision
+/// Communication") and caches them so.
 pub fn layer_activation_bytes_at(job: &Job, recompute: Recompute, layer: u32) -> f64 {
     let m = &job.model;
     let p = &job.parallel;
+    let saving = &job.training.memory_saving;
+    let rn = saving.recomputes_norm_upproj(recompute);
+    let fp8 = saving.activation_cache == crate::job::ActivationCache::Fp8;
+    // Bytes per element of a cached linear-layer input, and of the out-projection input.
+    let c = if fp8 { 1.0 } else { 2.0 };
+    let c_o = if fp8 { 1.5 } else { 2.0 };
+    let moe_layer = m.moe.is_some() && m.is_moe_layer(layer);
     let s = (m.seq_len / p.cp) as f64;
     let b = p.micro_batch as f64;
     let h = m.hidden as f64;
@@ -258,50 +290,65 @@ pub fn layer_activation_bytes_at(job: &Job, recompute: Recompute, layer: u32) ->
         ),
         _ => (1.0, m.ffn_hidden as f64, 0.0),
     };
-    let act_f = match m.activation {
-        crate::job::Activation::Gelu => 4.0,
-        crate::job::Activation::SwiGlu => 6.0,
+    // Activation-function bytes per width unit: MoE layers with the FP8 cache keep the FP8
+    // input only; dense layers the BF16 input plus the fc2 input at `c` bytes.
+    let act_in = match m.activation {
+        crate::job::Activation::Gelu => 1.0,
+        crate::job::Activation::SwiGlu => 2.0,
     };
+    let act_f = if fp8 && moe_layer {
+        act_in
+    } else {
+        2.0 * act_in + c
+    };
+    // Bytes per element of a norm output that feeds a linear layer.
+    let norm_out = if rn { 0.0 } else { c };
     // Architecture extras (0 for the plain decoder): (replicated, split) bytes.
     let (extra_rep, extra_split) = {
         let (mut r, mut sp) = (0.0, 0.0);
         if let Some(mla) = &m.arch.mla {
             r += 2.0 * sb * (mla.q_lora_rank + mla.kv_lora_rank + mla.qk_rope_head_dim) as f64;
-            // Replace the GQA widths by the MLA ones.
+            // Replace the GQA widths by the MLA ones; the up-projection outputs Q, K, V are
+            // not stored when recomputed.
             let (q, kk, v, o) = (
                 m.q_width() as f64,
                 m.k_width() as f64,
                 m.v_width() as f64,
                 m.o_width() as f64,
             );
-            sp += 2.0 * sb * (q + kk) + 2.0 * sb * v + 2.0 * sb * o
-                - (2.0 * sb * (hq + hkv) + 2.0 * sb * hkv + 2.0 * sb * hq);
+            let qkv = if rn { 0.0 } else { 2.0 };
+            sp += qkv * sb * (q + kk) + qkv * sb * v + c_o * sb * o
+                - (2.0 * sb * (hq + hkv) + 2.0 * sb * hkv + c_o * sb * hq);
         }
         if m.is_moe_layer(layer) && m.arch.moe_shared_ffn_hidden > 0 {
-            r += 2.0 * sb * h;
+            r += norm_out * sb * h;
             sp += act_f * sb * m.arch.moe_shared_ffn_hidden as f64;
         }
         (r, sp)
     };
-    let act_per_f = match m.activation {
-        crate::job::Activation::Gelu => 4.0,
-        crate::job::Activation::SwiGlu => 6.0,
+    let act_per_f = act_f;
+    // The MLP input: the routed experts' dispatched copies (kept), or the dense MLP's norm
+    // output.
+    let mlp_in = if moe_layer {
+        c * sb * h * k
+    } else {
+        norm_out * sb * h
     };
 
     let mask = if m.dropout { 1.0 } else { 0.0 };
     // Tensors replicated over the TP group unless sequence parallelism shards them.
     let replicated = 2.0 * sb * h // LayerNorm 1 input
-        + 2.0 * sb * h // QKV projection input
+        + norm_out * sb * h // QKV projection input
         + mask * sb * h // attention dropout mask
         + 2.0 * sb * h // LayerNorm 2 input
-        + 2.0 * sb * h * k // MLP / expert input
+        + mlp_in // MLP / expert input
         + mask * sb * h // MLP dropout mask
         + router // router probabilities
         + extra_rep;
     // Tensors split over the TP group.
     let split = 2.0 * sb * (hq + hkv) // Q and K
         + 2.0 * sb * hkv // V
-        + 2.0 * sb * hq // output projection input
+        + c_o * sb * hq // output projection input
         + act_per_f * sb * f * k // activation function input and output
         + extra_split;
     // Attention core: softmax output (2), its dropout mask (1), dropout output (2). Fused
@@ -338,7 +385,8 @@ pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
         Schedule::GPipe => m as f64,
         Schedule::OneFOneB | Schedule::OneFOneBOverlap => (p - i).min(m) as f64,
         // DualPipe keeps `PP + 1` micro-batches' activations of one stage at its peak
-        // (DeepSeek-V3 report, Table 2); a rank holds two stages, so `(PP + 1) / 2` of them.
+        // (DeepSeek-V3 report, Table 2); a rank holds two stages, so `(PP + 1) / 2` of them
+        // on average (per chunk: [`dualpipe_chunk_in_flight`], which the memory model uses).
         Schedule::DualPipe => (p + 1) as f64 / 2.0,
         Schedule::Interleaved => {
             let v = job.parallel.vpp as u64;
@@ -346,6 +394,40 @@ pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
             chunks as f64 / v as f64
         }
     }
+}
+
+/// Micro-batches of each of DualPipe's two chunks that pipeline rank `stage` holds at its
+/// peak, `[chunk 0, chunk 1]` (chunk 0 = stage `stage` of the forward-direction pipeline,
+/// chunk 1 = stage `pp - 1 - stage` of the reverse one; [`Job::chunk_layers`]), found by
+/// walking the rank's schedule ([`crate::schedules::dualpipe_steps`]): each forward adds a
+/// micro-batch of its chunk, each backward frees one, an overlapped forward-backward pair
+/// runs its forward first. Both chunks reach their maxima at the same step, `pp - stage` and
+/// `stage + 1` micro-batches, `pp + 1` together (DeepSeek-V3 report, Table 2); so the stage
+/// holding the input embedding keeps `pp` micro-batches in flight and the one holding the
+/// output head one, as with 1F1B.
+pub fn dualpipe_chunk_in_flight(job: &Job, stage: u32) -> [f64; 2] {
+    use crate::schedules::{PipeStep, dualpipe_steps};
+    let m = job.micro_batches().min(u32::MAX as u64) as u32;
+    let (mut live, mut peak) = ([0i64; 2], [0i64; 2]);
+    let mut best = -1i64;
+    let mut forward = |c: u32, live: &mut [i64; 2]| {
+        live[c as usize] += 1;
+        if live[0] + live[1] > best {
+            best = live[0] + live[1];
+            peak = *live;
+        }
+    };
+    for step in dualpipe_steps(stage, job.parallel.pp, m) {
+        match step {
+            PipeStep::Forward(_, c) => forward(c, &mut live),
+            PipeStep::Backward(_, c) => live[c as usize] -= 1,
+            PipeStep::ForwardBackward((_, f), (_, b)) => {
+                forward(f, &mut live);
+                live[b as usize] -= 1;
+            }
+        }
+    }
+    [peak[0] as f64, peak[1] as f64]
 }
 
 /// Peak number of micro-batches of one model chunk in flight on pipeline rank `rank` under
@@ -408,6 +490,10 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
                 sum - input
             })
             .collect();
+        if p.schedule == Schedule::DualPipe {
+            let n = dualpipe_chunk_in_flight(job, stage);
+            return weights[0] * n[0] + weights[1] * n[1];
+        }
         if p.schedule != Schedule::Interleaved {
             return weights.iter().sum::<f64>() * in_flight_microbatches(job, stage);
         }
@@ -419,10 +505,6 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
             &weights,
         );
     }
-    let even = chunks.iter().all(|r| r.len() == chunks[0].len());
-    if even && input == 0.0 {
-        return layers as f64 * in_flight_microbatches(job, stage) * per_layer;
-    }
     let chunk_bytes = |n: usize| {
         if n == 0 {
             0.0
@@ -430,6 +512,14 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
             n as f64 * per_layer - input
         }
     };
+    if p.schedule == Schedule::DualPipe {
+        let n = dualpipe_chunk_in_flight(job, stage);
+        return chunk_bytes(chunks[0].len()) * n[0] + chunk_bytes(chunks[1].len()) * n[1];
+    }
+    let even = chunks.iter().all(|r| r.len() == chunks[0].len());
+    if even && input == 0.0 {
+        return layers as f64 * in_flight_microbatches(job, stage) * per_layer;
+    }
     if p.schedule != Schedule::Interleaved {
         return chunk_bytes(layers as usize) * in_flight_microbatches(job, stage);
     }
@@ -466,8 +556,15 @@ fn interleaved_weighted_peak(p: u64, v: u64, m: u64, rank: u64, weights: &[f64])
 /// per-micro-batch extras (embedding dropout mask; LM head and loss tensors) at the peak.
 fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
     match job.parallel.schedule {
-        Schedule::GPipe | Schedule::OneFOneB | Schedule::OneFOneBOverlap | Schedule::DualPipe => {
+        Schedule::GPipe | Schedule::OneFOneB | Schedule::OneFOneBOverlap => {
             in_flight_microbatches(job, stage)
+        }
+        Schedule::DualPipe => {
+            // The chunk holding pipeline stage 0 (embedding) or `pp - 1` (head): chunk 0 on
+            // the rank of that stage, chunk 1 on the mirrored rank.
+            let target = if first { 0 } else { job.parallel.pp - 1 };
+            let chunk = if stage == target { 0 } else { 1 };
+            dualpipe_chunk_in_flight(job, stage)[chunk]
         }
         Schedule::Interleaved => {
             let p = job.parallel.pp as u64;
@@ -489,7 +586,8 @@ fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
 ///   (1 byte; `/t` with SP). The embedding output itself is the first layer's input, already
 ///   counted as that layer's LayerNorm input;
 /// * on the last stage, per in-flight micro-batch, the final LayerNorm input `2sbh` and the LM
-///   head input `2sbh` (`/t` with SP), and the FP32 logits kept by the vocab-parallel cross
+///   head input `2sbh` (`/t` with SP; a norm output, so `sbh` with the FP8 activation cache and
+///   0 with norm recomputation, as are the MTP projection inputs), and the FP32 logits kept by the vocab-parallel cross
 ///   entropy for its backward, `4sbV/t` (the output-layer terms of Korthikanti et al.).
 pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
     let p = &job.parallel;
@@ -527,10 +625,11 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
             GRAD_BYTES_PER_PARAM * params.total(),
         )
     };
+    let opt_bytes = job.training.memory_saving.optimizer_state.bytes_per_param();
     let optimizer = if p.distributed_optimizer {
-        sharded(OPTIMIZER_BYTES_PER_PARAM, params)
+        sharded(opt_bytes, params)
     } else {
-        OPTIMIZER_BYTES_PER_PARAM * params.total()
+        opt_bytes * params.total()
     };
 
     let m = &job.model;
@@ -543,21 +642,40 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
 
     let mut act = in_flight_activations(job, stage);
     if p.recompute == Recompute::Full && layers > 0.0 {
-        act += layer_activation_bytes(job, Recompute::Selective) - activation_bytes_per_layer(job);
+        // Norm and up-projection recomputation is ignored under full recompute (see
+        // `MemorySaving::recompute_norm_upproj`), also for the layer being recomputed.
+        let selective = if job.training.memory_saving.recompute_norm_upproj {
+            let mut plain = job.clone();
+            plain.training.memory_saving.recompute_norm_upproj = false;
+            layer_activation_bytes(&plain, Recompute::Selective)
+        } else {
+            layer_activation_bytes(job, Recompute::Selective)
+        };
+        act += selective - activation_bytes_per_layer(job);
     }
     // DualPipe: both end ranks hold an embedding and a head (of opposite directions).
     let dual = p.schedule == Schedule::DualPipe;
     if stage == 0 || dual && stage + 1 == p.pp {
         act += sb * h / sp_div * extras_in_flight(job, stage, true);
     }
+    // The LM head input and the MTP projection inputs are norm outputs: not stored when norms
+    // are recomputed, FP8 with the FP8 activation cache.
+    let saving = &job.training.memory_saving;
+    let norm_out = if saving.recomputes_norm_upproj(p.recompute) {
+        0.0
+    } else if saving.activation_cache == crate::job::ActivationCache::Fp8 {
+        1.0
+    } else {
+        2.0
+    };
     if stage + 1 == p.pp || dual && stage == 0 {
-        let per_mb = 4.0 * sb * h / sp_div + 4.0 * sb * m.vocab as f64 / t;
+        let per_mb = (2.0 + norm_out) * sb * h / sp_div + 4.0 * sb * m.vocab as f64 / t;
         act += per_mb * extras_in_flight(job, stage, false);
         if m.arch.mtp_depth > 0 {
             // Multi-token prediction: per module one more layer (the last layer's kind), the
             // projection's input `[t x 2h]` and one more head (norm and head inputs, logits).
             let layer = layer_activation_bytes_at(job, p.recompute, m.layers - 1);
-            let proj = 4.0 * sb * h / sp_div;
+            let proj = 2.0 * norm_out * sb * h / sp_div;
             act += m.arch.mtp_depth as f64
                 * (layer + proj + per_mb)
                 * extras_in_flight(job, stage, false);

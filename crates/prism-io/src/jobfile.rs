@@ -24,6 +24,7 @@ use prism_core::job::{
     Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
     RankOrder, Recompute, Schedule, Stack, Topology, Training,
 };
+use prism_core::job::{ActivationCache, MemorySaving, OptimizerStateDtype};
 use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
     CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
@@ -315,6 +316,9 @@ const TRAINING_FIELDS: &[Field] = &[
     fld("precision", Ty::Str),
     fld("flash_attention", Ty::Bool),
     fld("stack", Ty::Str),
+    fld("recompute_norm_upproj", Ty::Bool),
+    fld("activation_cache", Ty::Str),
+    fld("optimizer_state_dtype", Ty::Str),
 ];
 
 const COST_FIELDS: &[Field] = &[fld("kernel_table", Ty::Str)];
@@ -2410,11 +2414,42 @@ fn build_training(
     let flash_attention = g
         .bool("flash_attention")?
         .unwrap_or(stack.defaults().flash_attention);
+    let memory_saving = MemorySaving {
+        recompute_norm_upproj: g.bool("recompute_norm_upproj")?.unwrap_or(false),
+        activation_cache: g
+            .choice(
+                "activation_cache",
+                &[
+                    ("bf16", ActivationCache::Bf16),
+                    ("fp8", ActivationCache::Fp8),
+                ],
+            )?
+            .unwrap_or_default(),
+        optimizer_state: g
+            .choice(
+                "optimizer_state_dtype",
+                &[
+                    ("fp32", OptimizerStateDtype::Fp32),
+                    ("bf16", OptimizerStateDtype::Bf16),
+                ],
+            )?
+            .unwrap_or_default(),
+    };
+    if memory_saving.activation_cache == ActivationCache::Fp8 && precision != Precision::Fp8 {
+        let e = g.entry("activation_cache").expect("set to fp8 above");
+        return Err(ctx.at_value(
+            &e.src,
+            "training.activation_cache",
+            "\"fp8\" caches the FP8 inputs of FP8 GEMMs; it needs training.precision = \"fp8\""
+                .to_string(),
+        ));
+    }
     Ok(Training {
         global_batch,
         precision,
         flash_attention,
         stack,
+        memory_saving,
     })
 }
 

@@ -136,6 +136,20 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
             "precision": precision_name(job.training.precision),
         },
     });
+    // DeepSeek-V3's memory savings, listed only when one is on (the default output is as
+    // before).
+    let ms = &job.training.memory_saving;
+    if *ms != prism_core::job::MemorySaving::default() {
+        v["parallel"]["recompute_norm_upproj"] = json!(ms.recompute_norm_upproj);
+        v["parallel"]["activation_cache"] = json!(match ms.activation_cache {
+            prism_core::job::ActivationCache::Bf16 => "bf16",
+            prism_core::job::ActivationCache::Fp8 => "fp8",
+        });
+        v["parallel"]["optimizer_state_dtype"] = json!(match ms.optimizer_state {
+            prism_core::job::OptimizerStateDtype::Fp32 => "fp32",
+            prism_core::job::OptimizerStateDtype::Bf16 => "bf16",
+        });
+    }
     if result.ranks.len() <= MAX_LISTED_RANKS {
         let layout = &result.graph.layout;
         let ranks: Vec<Value> = result.ranks.iter().map(|r| rank_json(r, layout)).collect();

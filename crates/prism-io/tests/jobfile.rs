@@ -1707,3 +1707,66 @@ fn deepspeed_refuses_the_interleaved_schedule() {
         &["plain 1F1B only"],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// DeepSeek-V3 memory savings (training.recompute_norm_upproj, activation_cache,
+// optimizer_state_dtype)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn memory_saving_keys() {
+    use prism_core::job::{ActivationCache, MemorySaving, OptimizerStateDtype};
+    // Defaults: all off.
+    assert_eq!(
+        ok(SMALL, &[]).job.training.memory_saving,
+        MemorySaving::default()
+    );
+    let j = ok(
+        &edit(
+            "[training]",
+            "recompute_norm_upproj = true\nactivation_cache = \"fp8\"\n\
+             optimizer_state_dtype = \"bf16\"\nprecision = \"fp8\"",
+        ),
+        &[],
+    );
+    assert_eq!(
+        j.job.training.memory_saving,
+        MemorySaving {
+            recompute_norm_upproj: true,
+            activation_cache: ActivationCache::Fp8,
+            optimizer_state: OptimizerStateDtype::Bf16,
+        }
+    );
+    // Overrides reach them too.
+    let j = ok(SMALL, &["training.optimizer_state_dtype=fp32"]);
+    assert_eq!(
+        j.job.training.memory_saving.optimizer_state,
+        OptimizerStateDtype::Fp32
+    );
+    // Bad values name the key and the rule.
+    fails(
+        &edit("[training]", "activation_cache = \"fp4\""),
+        &[],
+        "training.activation_cache",
+        &["must be one of \"bf16\", \"fp8\""],
+    );
+    fails(
+        &edit("[training]", "optimizer_state_dtype = \"fp16\""),
+        &[],
+        "training.optimizer_state_dtype",
+        &["must be one of \"fp32\", \"bf16\""],
+    );
+    fails(
+        &edit("[training]", "recompute_norm_upproj = \"yes\""),
+        &[],
+        "training.recompute_norm_upproj",
+        &[],
+    );
+    // The FP8 cache needs FP8 GEMMs.
+    fails(
+        &edit("[training]", "activation_cache = \"fp8\""),
+        &[],
+        "training.activation_cache",
+        &["needs training.precision = \"fp8\""],
+    );
+}

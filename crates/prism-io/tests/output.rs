@@ -364,3 +364,35 @@ fn summary_json_omits_ranks_of_large_runs() {
         assert!(v[key].is_number());
     }
 }
+
+/// Truth: the memory-saving settings appear under `parallel` exactly when one is on, so the
+/// default summary keeps its keys; with them on, the reported peak memory is the memory
+/// model's and lower than without.
+#[test]
+fn summary_json_lists_memory_savings_only_when_set() {
+    use prism_core::job::{OptimizerStateDtype, Precision};
+    let job = job();
+    let plain = summary_json(&run(&job, Mode::Reduced, &[]), &job);
+    for key in [
+        "recompute_norm_upproj",
+        "activation_cache",
+        "optimizer_state_dtype",
+    ] {
+        assert!(
+            plain["parallel"].get(key).is_none(),
+            "{key} in default output"
+        );
+    }
+    let mut on = job.clone();
+    on.training.precision = Precision::Fp8;
+    on.training.memory_saving.recompute_norm_upproj = true;
+    on.training.memory_saving.optimizer_state = OptimizerStateDtype::Bf16;
+    on.validate().expect("valid job");
+    let v = summary_json(&run(&on, Mode::Reduced, &[]), &on);
+    assert_eq!(v["parallel"]["recompute_norm_upproj"], true);
+    assert_eq!(v["parallel"]["activation_cache"], "bf16");
+    assert_eq!(v["parallel"]["optimizer_state_dtype"], "bf16");
+    let peak = |v: &Value| v["peak_memory_bytes"].as_u64().unwrap();
+    assert_eq!(peak(&v), prism_core::memory::peak_memory(&on).1.total());
+    assert!(peak(&v) < peak(&plain));
+}
