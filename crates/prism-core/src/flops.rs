@@ -201,8 +201,36 @@ pub fn six_n_plus_attention(job: &Job) -> f64 {
 
 /// Hardware FLOPs per iteration: [`model_flops_per_iteration`] plus the recomputed forward
 /// work (full recompute: one forward of every transformer layer; selective: the attention core
-/// of every layer; none: nothing).
+/// of every layer; none: nothing), plus the MLA up-projections when
+/// `training.recompute_norm_upproj` recomputes them in backward (the norms are memory-bound).
 pub fn hardware_flops_per_iteration(job: &Job) -> f64 {
+    recomputed_forward_flops(job) + upproj_recompute_flops(job)
+}
+
+/// Forward FLOPs the MLA query and key-value up-projections repeat in backward under
+/// DeepSeek-V3's norm and up-projection recomputation (0 without it or without MLA):
+/// `2 a (d_nope + d_rope) r_q + 2 a (d_nope + d_v) r_kv` per token and layer.
+fn upproj_recompute_flops(job: &Job) -> f64 {
+    let m = &job.model;
+    let saving = &job.training.memory_saving;
+    match m.arch.mla {
+        Some(mla) if saving.recomputes_norm_upproj(job.parallel.recompute) => {
+            let a = m.heads as f64;
+            let q = if mla.q_lora_rank > 0 {
+                2.0 * a * mla.qk_head_dim() as f64 * mla.q_lora_rank as f64
+            } else {
+                0.0
+            };
+            let kv =
+                2.0 * a * (mla.qk_nope_head_dim + mla.v_head_dim) as f64 * mla.kv_lora_rank as f64;
+            job.tokens_per_iteration() as f64 * m.layers as f64 * (q + kv)
+        }
+        _ => 0.0,
+    }
+}
+
+/// [`model_flops_per_iteration`] plus the forward work the job's `parallel.recompute` repeats.
+fn recomputed_forward_flops(job: &Job) -> f64 {
     let b = job.training.global_batch as f64;
     if !uniform(job) {
         let recompute = sum_layers(job, false, |n, gemm, core| {

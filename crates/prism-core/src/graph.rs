@@ -1536,7 +1536,26 @@ impl<'a> StageBuilder<'a> {
 
     /// Shared experts backward; returns the op producing their input gradient.
     fn shared_expert_backward(&mut self, tag: OpTag, grad: u32) -> u32 {
-        let f = self.job.model.arch.moe_shared_ffn_hidden as u64 / self.dims().tp;
+        let d = self.dims();
+        let f = self.job.model.arch.moe_shared_ffn_hidden as u64 / d.tp;
+        if self.fp8_act_cache() {
+            // The SwiGLU output is not cached: recompute it from the FP8-cached input.
+            let n_fc1 = if self.job.model.activation == Activation::SwiGlu {
+                2 * f
+            } else {
+                f
+            };
+            self.compute(
+                "shared_act_recompute",
+                OpClass::Elementwise,
+                Self::mem((n_fc1 + f) * d.t * ACT_BYTES),
+                OpTag {
+                    phase: Phase::Recompute,
+                    ..tag
+                },
+                &[],
+            );
+        }
         self.mlp_backward(
             [
                 "shared_fc2_dgrad",
@@ -1562,18 +1581,6 @@ impl<'a> StageBuilder<'a> {
         } else {
             f
         };
-        if self.fp8_act_cache() {
-            self.compute(
-                "shared_act_recompute",
-                OpClass::Elementwise,
-                Self::mem((n_fc1 + f) * d.t * ACT_BYTES),
-                OpTag {
-                    phase: Phase::Recompute,
-                    ..tag
-                },
-                &[],
-            );
-        }
         let (dg_deps, after) = self.gathered_grad(tag, grad);
         self.compute(
             names[0],

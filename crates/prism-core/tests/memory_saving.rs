@@ -4,6 +4,7 @@
 //! against the forward work it repeats, the optimizer-state bytes, and the defaults.
 
 use prism_core::arch::fixtures::small_deepseek_job;
+use prism_core::flops::{hardware_flops_per_iteration, model_flops_per_iteration};
 use prism_core::graph::{ExecutionGraph, OpKind, Phase};
 use prism_core::job::{
     ActivationCache, Job, MemorySaving, OptimizerStateDtype, Precision, Recompute,
@@ -200,6 +201,16 @@ fn recompute_work_equals_forward_work() {
     assert!(
         (added - want).abs() <= 1e-9 * want,
         "added {added} want {want}"
+    );
+    // The reported hardware FLOPs count the same recomputation.
+    let hw_added = hardware_flops_per_iteration(&rn) - model_flops_per_iteration(&rn);
+    assert!(
+        (hw_added - want).abs() <= 1e-9 * want,
+        "hardware FLOPs add {hw_added}, want {want}"
+    );
+    assert_eq!(
+        hardware_flops_per_iteration(&base),
+        model_flops_per_iteration(&base)
     );
     // Without the option nothing is recomputed, and the model FLOPs are the same.
     assert_eq!(graph_flops(&g0, true), graph_flops(&g0, false));
