@@ -331,14 +331,7 @@ pub fn pp_across(
 ) -> Option<(Job, Placement)> {
     let layers = split(job.model.layers, pp)?;
     let wan = &job.cluster.topology.wan;
-    let (tp, cp, gpn) = (job.parallel.tp, job.parallel.cp, job.cluster.gpus_per_node);
-    let stage_gpus = tp as u64 * cp as u64 * dp as u64;
-    if !stage_gpus.is_multiple_of(gpn as u64)
-        || !(job.training.global_batch as u64).is_multiple_of(dp as u64 * mb as u64)
-    {
-        return None;
-    }
-    let stage_nodes = (stage_gpus / gpn as u64) as u32;
+    let stage_nodes = unit_nodes(job, dp as u64, dp, mb)?;
     let (dcs, per_dc, nodes) = fill_dcs(wan, order, stage_nodes, pp)?;
     let mut j = job.clone();
     j.cluster.nodes = pp * stage_nodes;
@@ -356,6 +349,18 @@ pub fn pp_across(
             recompute_full,
         },
     ))
+}
+
+/// Nodes of one placement unit of `tp x cp x count` GPUs (a pipeline stage of `count = dp`
+/// replicas, or a whole pipeline of `count = pp` stages), or `None` when the unit does not fill
+/// whole nodes or the global batch does not split into `dp` replicas of `mb`-sequence
+/// micro-batches.
+fn unit_nodes(job: &Job, count: u64, dp: u32, mb: u32) -> Option<u32> {
+    let gpn = job.cluster.gpus_per_node as u64;
+    let gpus = job.parallel.tp as u64 * job.parallel.cp as u64 * count;
+    (gpus.is_multiple_of(gpn)
+        && (job.training.global_batch as u64).is_multiple_of(dp as u64 * mb as u64))
+    .then_some((gpus / gpn) as u32)
 }
 
 /// Places `count` units of `unit_nodes` nodes each on the DCs in `order`, each DC taking as
@@ -388,14 +393,7 @@ fn fill_dcs(
 pub fn dp_across(job: &Job, pp: u32, dp: u32, mb: u32, order: &[u32]) -> Option<(Job, Placement)> {
     let layers = split(job.model.layers, pp)?;
     let wan = &job.cluster.topology.wan;
-    let (tp, cp, gpn) = (job.parallel.tp, job.parallel.cp, job.cluster.gpus_per_node);
-    let pipe_gpus = tp as u64 * cp as u64 * pp as u64;
-    if !pipe_gpus.is_multiple_of(gpn as u64)
-        || !(job.training.global_batch as u64).is_multiple_of(dp as u64 * mb as u64)
-    {
-        return None;
-    }
-    let pipe_nodes = (pipe_gpus / gpn as u64) as u32;
+    let pipe_nodes = unit_nodes(job, pp as u64, dp, mb)?;
     let (dcs, per_dc, nodes) = fill_dcs(wan, order, pipe_nodes, dp)?;
     let mut j = job.clone();
     j.cluster.nodes = dp * pipe_nodes;
