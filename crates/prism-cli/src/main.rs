@@ -474,6 +474,14 @@ fn print_summary(
         p.recompute,
         job.training.precision,
     )?;
+    let m = &job.model;
+    writeln!(
+        out,
+        "  model: {} layers, {:.2} B parameters, {:.2} B active per token (embeddings included)",
+        m.layers,
+        m.params() as f64 / 1e9,
+        m.active_params() as f64 / 1e9,
+    )?;
     let mode = match (&args.ranks, args.reduced) {
         (Some(_), _) => "slice (requested ranks + one representative per stage)",
         (None, true) => "reduced (one representative per pipeline stage)",

@@ -112,6 +112,8 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
         "events": result.events,
         "ranks_simulated": result.ranks.len(),
         "model": job.model.name,
+        "model_params": job.model.params(),
+        "model_active_params": job.model.active_params(),
         "cluster": job.cluster.name,
         "gpu": job.cluster.gpu.name,
         "parallel": {

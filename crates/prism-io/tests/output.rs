@@ -267,6 +267,21 @@ fn summary_json_contract() {
     }
     assert_eq!(v["name"], "small");
     assert_eq!(v["num_gpus"].as_u64(), Some(16));
+    // Parameters: per layer QKV + output projection + the MLP's matrices + two norms, times
+    // the layers, plus the embeddings and the final norm; a dense model uses all of them.
+    let m = &job.model;
+    let (h, f) = (m.hidden as u64, m.ffn_hidden as u64);
+    let q = (m.heads * m.head_dim) as u64;
+    let kv = (m.kv_heads * m.head_dim) as u64;
+    let mats = match m.activation {
+        prism_core::job::Activation::SwiGlu => 3,
+        prism_core::job::Activation::Gelu => 2,
+    };
+    let layer = h * (q + 2 * kv) + q * h + mats * h * f + 2 * h;
+    let emb = m.vocab as u64 * h * if m.tied_embeddings { 1 } else { 2 };
+    let want = m.layers as u64 * layer + emb + h;
+    assert_eq!(v["model_params"].as_u64(), Some(want));
+    assert_eq!(v["model_active_params"].as_u64(), Some(want));
     let mfu = num(&v, "mfu");
     assert!(mfu > 0.0 && mfu < 1.0, "mfu {mfu}");
     assert!(num(&v, "hfu") >= mfu);
