@@ -1040,7 +1040,7 @@ impl<'a> Sim<'a> {
             turns: WanTurns::default(),
             wan_flows: Vec::new(),
             wan_done: Vec::new(),
-            contended: Vec::new(),
+            contended: vec![None; 2 * layout.pp as usize],
         }
     }
 
@@ -1361,26 +1361,35 @@ impl<'a> Sim<'a> {
         self.start_turns();
     }
 
+    /// Index of the send class of `rank`'s stage in direction `delta` (per stage: backward,
+    /// forward) into [`Sim::send_links_cache`] and [`Sim::contended`], with the class's links
+    /// (one representative pipeline's, with copy counts) computed on first use.
+    fn send_class_key(&mut self, rank: u32, delta: i8) -> usize {
+        let stage = self.layout.coord(rank).pp;
+        let key = 2 * stage as usize + (delta > 0) as usize;
+        if self.send_links_cache[key].is_none() {
+            let mut links = Vec::new();
+            class_links(
+                &self.layout,
+                &self.fabric,
+                &FlowClass::Send { stage, delta },
+                &mut links,
+            );
+            self.send_links_cache[key] = Some(links);
+        }
+        key
+    }
+
     /// True when the WAN is what limits the sends of `rank`'s stage in direction `delta` if
     /// every copy (every pipeline) sends at once: its fair share per copy is below what the
     /// other links and the TCP cap allow. Only then do pipelines take turns; where the NICs
     /// are the bottleneck, turns would only serialise them.
     fn wan_contended(&mut self, rank: u32, delta: i8) -> bool {
-        let stage = self.layout.coord(rank).pp;
-        let key = 2 * stage as usize + (delta > 0) as usize;
-        if self.contended.len() < 2 * self.layout.pp as usize {
-            self.contended = vec![None; 2 * self.layout.pp as usize];
-        }
+        let key = self.send_class_key(rank, delta);
         if let Some(c) = self.contended[key] {
             return c;
         }
-        let mut links = Vec::new();
-        class_links(
-            &self.layout,
-            &self.fabric,
-            &FlowClass::Send { stage, delta },
-            &mut links,
-        );
+        let links = self.send_links_cache[key].as_ref().expect("filled");
         let share = |wan: bool| {
             links
                 .iter()
@@ -1389,7 +1398,7 @@ impl<'a> Sim<'a> {
                 .min()
                 .unwrap_or(u64::MAX)
         };
-        let c = share(true) < share(false).min(self.fabric.flow_cap(&links));
+        let c = share(true) < share(false).min(self.fabric.flow_cap(links));
         self.contended[key] = Some(c);
         c
     }
@@ -1847,19 +1856,8 @@ impl<'a> Sim<'a> {
             }
             self.scratch_links = links;
         } else {
-            let stage = self.layout.coord(rank).pp;
-            let key = 2 * stage as usize + (delta > 0) as usize;
-            if self.send_links_cache[key].is_none() {
-                let mut links = Vec::new();
-                class_links(
-                    &self.layout,
-                    &self.fabric,
-                    &FlowClass::Send { stage, delta },
-                    &mut links,
-                );
-                self.send_links_cache[key] = Some(links);
-            }
-            let links = self.send_links_cache[key].clone().expect("cached");
+            let key = self.send_class_key(rank, delta);
+            let links = self.send_links_cache[key].clone().expect("filled");
             if turns {
                 self.queue_turn(rank, links, plan, owner);
             } else {

@@ -278,20 +278,7 @@ fn schedule_of(r: &SimResult) -> Schedule1 {
     let mut busy = Vec::new();
     let mut ends = Vec::new();
     for s in 0..layout.pp {
-        let rank = layout.first_rank_of_stage(s);
-        let prog = &r.graph.programs[s as usize];
-        let tl = r
-            .timelines
-            .iter()
-            .find(|t| t.rank == rank)
-            .expect("recorded");
-        let mut ops: Vec<(u32, SimTime, SimTime)> = tl
-            .ops
-            .iter()
-            .filter(|o| matches!(prog.kind[o.op as usize], OpKind::Compute(_)))
-            .map(|o| (prog.pos[o.op as usize], o.start, o.end))
-            .collect();
-        ops.sort_unstable();
+        let ops = training_compute_ops(r, s);
         let mut g = Vec::new();
         let mut at = 0;
         let mut after = None;
@@ -572,7 +559,7 @@ pub fn bubbles_with(
                     (
                         g.after,
                         ComputeOp {
-                            name: "prefill",
+                            name: PREFILL_OP,
                             class: OpClass::Gemm,
                             // From the end of the op before the gap (the gap's start) to the
                             // end of the last hand-off plus the guard band: it covers every
@@ -640,31 +627,42 @@ pub fn bubbles_with(
     })
 }
 
+/// Name of the compute ops that stand for admitted prefill in a re-simulated iteration.
+const PREFILL_OP: &str = "prefill";
+
 /// Compute-op ends per stage of a re-simulated run, the inserted prefill ops left out.
 fn schedule_of_filtered(r: &SimResult) -> Vec<Vec<SimTime>> {
-    let layout = r.graph.layout;
-    (0..layout.pp)
+    (0..r.graph.layout.pp)
         .map(|s| {
-            let rank = layout.first_rank_of_stage(s);
-            let prog = &r.graph.programs[s as usize];
-            let tl = r
-                .timelines
-                .iter()
-                .find(|t| t.rank == rank)
-                .expect("recorded");
-            let mut ops: Vec<(u32, SimTime)> = tl
-                .ops
-                .iter()
-                .filter(|o| match prog.kind[o.op as usize] {
-                    OpKind::Compute(c) => c.name != "prefill",
-                    _ => false,
-                })
-                .map(|o| (prog.pos[o.op as usize], o.end))
-                .collect();
-            ops.sort_unstable();
-            ops.into_iter().map(|o| o.1).collect()
+            training_compute_ops(r, s)
+                .into_iter()
+                .map(|o| o.2)
+                .collect()
         })
         .collect()
+}
+
+/// The training compute ops (inserted prefill ops left out) of stage `stage`'s representative
+/// rank, as `(position in the program, start, end)` in program order.
+fn training_compute_ops(r: &SimResult, stage: u32) -> Vec<(u32, SimTime, SimTime)> {
+    let rank = r.graph.layout.first_rank_of_stage(stage);
+    let prog = &r.graph.programs[stage as usize];
+    let tl = r
+        .timelines
+        .iter()
+        .find(|t| t.rank == rank)
+        .expect("recorded");
+    let mut ops: Vec<(u32, SimTime, SimTime)> = tl
+        .ops
+        .iter()
+        .filter(|o| match prog.kind[o.op as usize] {
+            OpKind::Compute(c) => c.name != PREFILL_OP,
+            _ => false,
+        })
+        .map(|o| (prog.pos[o.op as usize], o.start, o.end))
+        .collect();
+    ops.sort_unstable();
+    ops
 }
 
 /// The compute stream, for plots: per stage, `(start, end, is_prefill)` of the training

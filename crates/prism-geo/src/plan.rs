@@ -329,14 +329,46 @@ pub fn pp_across(
     sharing: WanSharing,
     one_conn: bool,
 ) -> Option<(Job, Placement)> {
+    place(job, pp, dp, mb, order, Spread::Stages, sharing, one_conn)
+}
+
+/// What a placement spreads over the DCs.
+#[derive(Clone, Copy)]
+enum Spread {
+    /// `pp` pipeline stages of `dp` replicas each (PP across DCs; ranks DP-major inside a
+    /// stage).
+    Stages,
+    /// `dp` whole pipelines of `pp` stages each (DP across DCs; ranks PP-major inside a
+    /// pipeline).
+    Pipelines,
+}
+
+/// Places the units `spread` names over the DCs in `order` (each DC taking as many whole
+/// units as fit) and derives the job: its nodes, the WAN of the DCs used, the parallel
+/// settings and, where needed to fit memory, full recompute.
+#[allow(clippy::too_many_arguments)]
+fn place(
+    job: &Job,
+    pp: u32,
+    dp: u32,
+    mb: u32,
+    order: &[u32],
+    spread: Spread,
+    sharing: WanSharing,
+    one_conn: bool,
+) -> Option<(Job, Placement)> {
     let layers = split(job.model.layers, pp)?;
     let wan = &job.cluster.topology.wan;
-    let stage_nodes = unit_nodes(job, dp as u64, dp, mb)?;
-    let (dcs, per_dc, nodes) = fill_dcs(wan, order, stage_nodes, pp)?;
+    let (unit, count, rank_order) = match spread {
+        Spread::Stages => (dp, pp, RankOrder::TpCpEpDpPp),
+        Spread::Pipelines => (pp, dp, RankOrder::TpCpEpPpDp),
+    };
+    let unit_nodes = unit_nodes(job, unit as u64, dp, mb)?;
+    let (dcs, per_dc, nodes) = fill_dcs(wan, order, unit_nodes, count)?;
     let mut j = job.clone();
-    j.cluster.nodes = pp * stage_nodes;
+    j.cluster.nodes = count * unit_nodes;
     j.cluster.topology.wan = sub_wan(wan, &dcs, &nodes, sharing, one_conn)?;
-    base_parallel(&mut j, pp, dp, mb, layers, RankOrder::TpCpEpDpPp);
+    base_parallel(&mut j, pp, dp, mb, layers, rank_order);
     let (j, recompute_full) = fit_memory(j)?;
     Some((
         j,
@@ -389,28 +421,19 @@ fn fill_dcs(
 }
 
 /// DP-across-DCs placement: whole pipelines of `pp` stages inside a DC, `dp` of them spread
-/// over the DCs in `order` (each taking as many as fit).
+/// over the DCs in `order` (each taking as many as fit), fair-shared WAN with the job's
+/// connections.
 pub fn dp_across(job: &Job, pp: u32, dp: u32, mb: u32, order: &[u32]) -> Option<(Job, Placement)> {
-    let layers = split(job.model.layers, pp)?;
-    let wan = &job.cluster.topology.wan;
-    let pipe_nodes = unit_nodes(job, pp as u64, dp, mb)?;
-    let (dcs, per_dc, nodes) = fill_dcs(wan, order, pipe_nodes, dp)?;
-    let mut j = job.clone();
-    j.cluster.nodes = dp * pipe_nodes;
-    j.cluster.topology.wan = sub_wan(wan, &dcs, &nodes, WanSharing::Fair, false)?;
-    base_parallel(&mut j, pp, dp, mb, layers, RankOrder::TpCpEpPpDp);
-    let (j, recompute_full) = fit_memory(j)?;
-    Some((
-        j,
-        Placement {
-            pp,
-            dp,
-            micro_batch: mb,
-            dcs,
-            per_dc,
-            recompute_full,
-        },
-    ))
+    place(
+        job,
+        pp,
+        dp,
+        mb,
+        order,
+        Spread::Pipelines,
+        WanSharing::Fair,
+        false,
+    )
 }
 
 /// Simulates one candidate (one representative per stage: exact for these symmetric

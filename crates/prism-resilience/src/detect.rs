@@ -283,9 +283,7 @@ impl Detector for ResihpDetector {
 
     fn finish(&mut self, end_s: f64) -> Vec<Episode> {
         self.check_heartbeats(end_s.max(self.now));
-        let mut out = std::mem::take(&mut self.out);
-        out.sort_by(|a, b| a.detected_at_s.total_cmp(&b.detected_at_s));
-        out
+        by_detection(&mut self.out)
     }
 }
 
@@ -298,8 +296,9 @@ struct Periods {
 }
 
 impl Periods {
-    /// Feeds a record; returns `(iteration end, period)` of an iteration that completed.
-    fn push(&mut self, r: &StepRecord) -> Option<(f64, f64)> {
+    /// Feeds a record; returns `(iteration end, period, previous iteration end)` of an
+    /// iteration that completed.
+    fn push(&mut self, r: &StepRecord) -> Option<(f64, f64, f64)> {
         match self.cur {
             Some((it, end)) if it == r.iteration => {
                 self.cur = Some((it, end.max(r.end_s)));
@@ -308,7 +307,7 @@ impl Periods {
             prev => {
                 self.cur = Some((r.iteration, r.end_s));
                 let (_, end) = prev?;
-                let out = self.last_end.map(|l| (end, end - l));
+                let out = self.last_end.map(|l| (end, end - l, l));
                 self.last_end = Some(end);
                 out
             }
@@ -371,6 +370,36 @@ impl Hang {
     }
 }
 
+/// The healthy iteration period of a job-level detector: the median of its first `warmup`
+/// periods.
+#[derive(Clone, Debug, Default)]
+struct Baseline {
+    warm: Vec<f64>,
+    base: Option<f64>,
+}
+
+impl Baseline {
+    /// Feeds a period; returns the baseline once it was set by earlier periods (`None`
+    /// while warming up, including the period that completes the warm-up).
+    fn observe(&mut self, period: f64, warmup: u32) -> Option<f64> {
+        if self.base.is_some() {
+            return self.base;
+        }
+        self.warm.push(period);
+        if self.warm.len() >= warmup as usize {
+            self.base = Some(median(&self.warm));
+        }
+        None
+    }
+}
+
+/// Episodes in the order they were detected.
+fn by_detection(out: &mut Vec<Episode>) -> Vec<Episode> {
+    let mut out = std::mem::take(out);
+    out.sort_by(|a, b| a.detected_at_s.total_cmp(&b.detected_at_s));
+    out
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -382,12 +411,10 @@ fn median(v: &[f64]) -> f64 {
 pub struct ThresholdDetector {
     cfg: DetectorConfig,
     periods: Periods,
-    warm: Vec<f64>,
-    base: Option<f64>,
+    baseline: Baseline,
     slow: bool,
     run: u32,
     run_start: f64,
-    last_end: Option<f64>,
     now: f64,
     hang: Hang,
     out: Vec<Episode>,
@@ -399,12 +426,10 @@ impl ThresholdDetector {
         ThresholdDetector {
             cfg,
             periods: Periods::default(),
-            warm: Vec::new(),
-            base: None,
+            baseline: Baseline::default(),
             slow: false,
             run: 0,
             run_start: 0.0,
-            last_end: None,
             now: 0.0,
             hang: Hang::new(&cfg),
             out: Vec::new(),
@@ -419,19 +444,13 @@ impl Detector for ThresholdDetector {
 
     fn push(&mut self, ev: &LogEvent) {
         self.now = self.now.max(ev.time());
-        self.hang.check(self.now, self.base, &mut self.out);
+        self.hang.check(self.now, self.baseline.base, &mut self.out);
         let LogEvent::Step(r) = ev else { return };
         self.hang.record(r.end_s, &mut self.out);
-        let Some((end, period)) = self.periods.push(r) else {
+        let Some((end, period, start)) = self.periods.push(r) else {
             return;
         };
-        let start = self.last_end.unwrap_or(end - period);
-        self.last_end = Some(end);
-        let Some(base) = self.base else {
-            self.warm.push(period);
-            if self.warm.len() >= self.cfg.warmup as usize {
-                self.base = Some(median(&self.warm));
-            }
+        let Some(base) = self.baseline.observe(period, self.cfg.warmup) else {
             return;
         };
         let slow_now = period / base > self.cfg.threshold(self.slow);
@@ -465,10 +484,8 @@ impl Detector for ThresholdDetector {
 
     fn finish(&mut self, end_s: f64) -> Vec<Episode> {
         self.hang
-            .check(end_s.max(self.now), self.base, &mut self.out);
-        let mut out = std::mem::take(&mut self.out);
-        out.sort_by(|a, b| a.detected_at_s.total_cmp(&b.detected_at_s));
-        out
+            .check(end_s.max(self.now), self.baseline.base, &mut self.out);
+        by_detection(&mut self.out)
     }
 }
 
@@ -592,15 +609,13 @@ fn ln_gamma(x: f64) -> f64 {
 pub struct GreyhoundDetector {
     cfg: DetectorConfig,
     periods: Periods,
-    warm: Vec<f64>,
-    base: Option<f64>,
+    baseline: Baseline,
     cpd: Bocpd,
     /// Current segment's normalised values (outliers dropped).
     seg: Vec<f64>,
     seg_start: f64,
     since_cp: u32,
     slow: bool,
-    last_end: Option<f64>,
     now: f64,
     hang: Hang,
     out: Vec<Episode>,
@@ -615,14 +630,12 @@ impl GreyhoundDetector {
         GreyhoundDetector {
             cfg,
             periods: Periods::default(),
-            warm: Vec::new(),
-            base: None,
+            baseline: Baseline::default(),
             cpd: Bocpd::new(1.0 / 250.0, 300, (1.0, 1.0, 2.0, 2.0 * 0.05 * 0.05)),
             seg: Vec::new(),
             seg_start: 0.0,
             since_cp: 0,
             slow: false,
-            last_end: None,
             now: 0.0,
             hang: Hang::new(&cfg),
             out: Vec::new(),
@@ -639,7 +652,7 @@ impl Detector for GreyhoundDetector {
 
     fn push(&mut self, ev: &LogEvent) {
         self.now = self.now.max(ev.time());
-        self.hang.check(self.now, self.base, &mut self.out);
+        self.hang.check(self.now, self.baseline.base, &mut self.out);
         let LogEvent::Step(r) = ev else { return };
         if self.hang.record(r.end_s, &mut self.out) {
             // A restart: the series starts over.
@@ -647,16 +660,11 @@ impl Detector for GreyhoundDetector {
             self.seg.clear();
             self.seg_start = r.end_s;
         }
-        let Some((end, period)) = self.periods.push(r) else {
+        let Some((end, period, _)) = self.periods.push(r) else {
             return;
         };
-        self.last_end = Some(end);
         self.ends.push(end - period);
-        let Some(base) = self.base else {
-            self.warm.push(period);
-            if self.warm.len() >= self.cfg.warmup as usize {
-                self.base = Some(median(&self.warm));
-            }
+        let Some(base) = self.baseline.observe(period, self.cfg.warmup) else {
             return;
         };
         let x = period / base;
@@ -683,10 +691,8 @@ impl Detector for GreyhoundDetector {
 
     fn finish(&mut self, end_s: f64) -> Vec<Episode> {
         self.hang
-            .check(end_s.max(self.now), self.base, &mut self.out);
-        let mut out = std::mem::take(&mut self.out);
-        out.sort_by(|a, b| a.detected_at_s.total_cmp(&b.detected_at_s));
-        out
+            .check(end_s.max(self.now), self.baseline.base, &mut self.out);
+        by_detection(&mut self.out)
     }
 }
 
