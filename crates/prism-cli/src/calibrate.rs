@@ -31,6 +31,12 @@ pub struct CalibrateArgs {
     /// The job the Kineto trace ran (e.g. validation/kineto/megatron-gpt-tp8-a100.toml).
     #[arg(long, value_name = "JOB.toml")]
     kineto_job: Option<PathBuf>,
+    /// Kernel micro-benchmark CSV measured on one GPU of this generation (as
+    /// `python/h100bench/bench.py` writes it, e.g. validation/h100/kernels.csv): fixes the GEMM
+    /// shape model, the FP8 GEMM ceiling, cuDNN fused-attention forward and backward ceilings and
+    /// norm and softmax bandwidth from measurement; the published runs then fit the rest.
+    #[arg(long, value_name = "KERNELS.csv")]
+    kernels: Option<PathBuf>,
     /// Objective evaluations for the full fit (each simulates every case of the generation).
     #[arg(long, default_value_t = 150)]
     evals: usize,
@@ -428,6 +434,145 @@ fn fit_from_trace(
     Ok(())
 }
 
+/// Measured kernels (micro-benchmarks on one GPU) -> the kernel-level parameters.
+///
+/// The benchmark's clock is the datasheet's (`clock_factor` = 1 while fitting): the ceilings
+/// absorb how far one GPU running kernels for seconds is from its datasheet peak, and the
+/// published runs' `clock_factor` then measures what hours at scale cost on top.
+fn fit_from_kernels(
+    base: &mut Params,
+    kernels: &[prism_io::kernel_bench::BenchKernel],
+    job: &prism_core::job::Job,
+    path: &std::path::Path,
+) -> Result<()> {
+    use prism_core::cost::compute::ComputeModel;
+    use prism_core::job::Precision;
+    use prism_core::ops::{ComputeOp, OpClass};
+    let bench = |p: &ComputeParams, precision: Precision| {
+        let mut job = job.clone();
+        job.training.precision = precision;
+        ComputeModel::new(
+            &job,
+            ComputeParams {
+                clock_factor: 1.0,
+                launch_overhead_s: 0.0,
+                ..p.clone()
+            },
+            None,
+        )
+    };
+    let time = |m: &ComputeModel, class: OpClass, w: Work| {
+        m.time_s(&ComputeOp {
+            name: "measured",
+            class,
+            work: w,
+            recompute: false,
+        })
+    };
+    let rows = |kind: &str, variant: &dyn Fn(&str) -> bool| -> Vec<(Work, f64)> {
+        kernels
+            .iter()
+            .filter(|k| k.kind == kind && variant(&k.variant))
+            .filter_map(|k| k.work.map(|w| (w, k.seconds)))
+            .collect()
+    };
+    let median = |mut v: Vec<f64>| -> Option<f64> {
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    };
+    // GEMM shape model: grid over (k_overhead, eff_max), mean |log error| over every BF16 row.
+    let gemms = rows("gemm", &|v| v.starts_with("bf16"));
+    if gemms.is_empty() {
+        bail!("{}: no BF16 GEMM rows", path.display());
+    }
+    let mut best: Option<(f64, f64, f64)> = None;
+    for k0 in (0..=32).map(|i| 16.0 * i as f64) {
+        for e in (0..=80).map(|i| 0.5 + 0.005 * i as f64) {
+            let p = ComputeParams {
+                gemm_k_overhead: k0,
+                gemm_eff_max_bf16: e,
+                ..base.compute.clone()
+            };
+            let m = bench(&p, Precision::Bf16);
+            let err = gemms
+                .iter()
+                .map(|&(w, t)| (time(&m, OpClass::Gemm, w) / t).ln().abs())
+                .sum::<f64>()
+                / gemms.len() as f64;
+            if best.is_none_or(|b| err < b.2) {
+                best = Some((k0, e, err));
+            }
+        }
+    }
+    let (k0, e, err) = best.expect("non-empty grid");
+    base.compute.gemm_k_overhead = k0;
+    base.compute.gemm_eff_max_bf16 = e;
+    println!(
+        "{}: {} BF16 GEMMs: gemm_k_overhead = {k0}, gemm_eff_max_bf16 = {e:.3} (mean |log time error| {err:.3})",
+        path.display(),
+        gemms.len()
+    );
+    // Ceilings scaled so that the median compute-bound row is matched: FP8 tensor-wise GEMMs
+    // and cuDNN fused attention (what Megatron-Core runs through Transformer Engine).
+    let scale = |p: &ComputeParams, rows: &[(Work, f64)], class: OpClass, precision: Precision| {
+        let m = bench(p, precision);
+        median(rows.iter().map(|&(w, t)| time(&m, class, w) / t).collect())
+    };
+    let fp8 = rows("gemm", &|v| v == "fp8_tensor");
+    if let Some(r) = scale(&base.compute, &fp8, OpClass::Gemm, Precision::Fp8) {
+        base.compute.gemm_eff_max_fp8 = (base.compute.gemm_eff_max_fp8 * r).clamp(0.05, 1.0);
+    }
+    let fwd = rows("attn_fwd", &|v| v == "cudnn");
+    if let Some(r) = scale(&base.compute, &fwd, OpClass::Attention, Precision::Bf16) {
+        base.compute.attn_fwd_eff_max = (base.compute.attn_fwd_eff_max * r).clamp(0.05, 1.0);
+    }
+    let bwd = rows("attn_bwd", &|v| v == "cudnn");
+    if let Some(r) = scale(&base.compute, &bwd, OpClass::Attention, Precision::Bf16) {
+        base.compute.attn_bwd_eff_max = (base.compute.attn_bwd_eff_max * r).clamp(0.05, 1.0);
+    }
+    println!(
+        "  {} FP8 GEMMs: gemm_eff_max_fp8 = {:.3}; {} + {} cuDNN attention: attn_fwd_eff_max = {:.3}, attn_bwd_eff_max = {:.3}",
+        fp8.len(),
+        base.compute.gemm_eff_max_fp8,
+        fwd.len(),
+        bwd.len(),
+        base.compute.attn_fwd_eff_max,
+        base.compute.attn_bwd_eff_max
+    );
+    // Norm and softmax bandwidth at face value (bytes read + written over time).
+    let bw = job.cluster.gpu.hbm_tbps * 1e12;
+    let at = |name: &str| {
+        median(
+            kernels
+                .iter()
+                .filter(|k| k.kind == "mem" && k.variant == name)
+                .filter_map(|k| match k.work {
+                    Some(Work::Memory { bytes }) => Some(bytes as f64 / k.seconds / bw),
+                    _ => None,
+                })
+                .collect(),
+        )
+    };
+    // Elementwise bandwidth: the streaming kernels (a copy and a binary add).
+    if let Some(x) = median(["copy", "add"].iter().filter_map(|n| at(n)).collect()) {
+        base.compute.mem_eff = x.clamp(0.05, 1.0);
+    }
+    if let Some(x) = at("rmsnorm") {
+        base.compute.norm_mem_eff = x.clamp(0.05, 1.0);
+    }
+    if let Some(x) = at("softmax") {
+        base.compute.softmax_mem_eff = x.clamp(0.05, 1.0);
+    }
+    println!(
+        "  mem_eff = {:.3} (copy, add), norm_mem_eff = {:.3} (RMSNorm), softmax_mem_eff = {:.3} (softmax), of {:.2} TB/s",
+        base.compute.mem_eff,
+        base.compute.norm_mem_eff,
+        base.compute.softmax_mem_eff,
+        job.cluster.gpu.hbm_tbps
+    );
+    Ok(())
+}
+
 fn generation_of(case: &Case) -> Option<&'static str> {
     let job = prism_io::jobfile::load_job_str(&case.job_toml, &case.id, None, &[])
         .ok()?
@@ -475,8 +620,27 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         let job = prism_io::jobfile::load_job_file(job_path, &[])?.job;
         fit_from_trace(&mut base, &trace, &job, path)?;
     }
+    if let Some(path) = &args.kernels {
+        let kernels = prism_io::kernel_bench::read_kernel_bench(path)?;
+        let job = prism_io::jobfile::load_job_str(&cases[0].job_toml, &cases[0].id, None, &[])
+            .map_err(anyhow::Error::msg)?
+            .job;
+        fit_from_kernels(&mut base, &kernels, &job, path)?;
+    }
     // 2. Fit on every case.
     let mut specs = specs(&generation);
+    if args.kernels.is_some() {
+        specs.retain(|s| {
+            !matches!(
+                s.name,
+                "gemm_eff_max_bf16"
+                    | "gemm_eff_max_fp8"
+                    | "attn_fwd_eff_max"
+                    | "attn_bwd_eff_max"
+                    | "mem_eff"
+            )
+        });
+    }
     if args.kineto.is_some() {
         specs.retain(|s| s.name != "nvlink_efficiency");
     }

@@ -204,13 +204,30 @@ pub enum KinetoError {
     },
 }
 
-/// Reads a Kineto trace file.
+/// Reads a Kineto trace file, plain JSON or gzip-compressed (`.json.gz`, as PyTorch's
+/// `tensorboard_trace_handler` writes them; recognised by the gzip magic bytes, not the name).
 pub fn read_kineto(path: &Path) -> Result<KinetoTrace, KinetoError> {
+    use std::io::Read as _;
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| KinetoError::Io {
+    let io = |source| KinetoError::Io {
         path: name.clone(),
         source,
-    })?;
+    };
+    let bytes = std::fs::read(path).map_err(io)?;
+    let text = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut text = String::new();
+        flate2::read::MultiGzDecoder::new(bytes.as_slice())
+            .read_to_string(&mut text)
+            .map_err(io)?;
+        text
+    } else {
+        String::from_utf8(bytes).map_err(|e| {
+            io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not UTF-8 text ({e}) and not gzip"),
+            ))
+        })?
+    };
     parse_kineto(&text, &name)
 }
 

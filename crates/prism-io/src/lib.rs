@@ -11,6 +11,7 @@ mod files;
 pub mod geo;
 pub mod hf;
 pub mod jobfile;
+pub mod kernel_bench;
 pub mod kernel_table;
 pub mod kineto;
 pub mod plot;

@@ -442,3 +442,24 @@ fn repeated_keys_in_an_event_are_refused() {
         "{msg}"
     );
 }
+
+#[test]
+fn gzip_compressed_traces_read_like_plain_ones() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../validation/h100");
+    let t = prism_io::kineto::read_kineto(&dir.join("step_trace.json.gz"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The H100 step of validation/h100: 4 micro-batches x (4 layers x 12 + 3 LM-head) GEMMs.
+    let gemms = t
+        .kernels
+        .iter()
+        .filter(|k| k.class == prism_io::kineto::KernelClass::Gemm)
+        .count();
+    assert_eq!(gemms, 4 * (4 * 12 + 3));
+    // A truncated gzip stream is an error naming the file, not a panic.
+    let bytes = std::fs::read(dir.join("step_trace.json.gz")).unwrap();
+    let tmp = std::env::temp_dir().join(format!("prism-trunc-{}.json.gz", std::process::id()));
+    std::fs::write(&tmp, &bytes[..bytes.len() / 2]).unwrap();
+    let e = prism_io::kineto::read_kineto(&tmp).unwrap_err().to_string();
+    std::fs::remove_file(&tmp).ok();
+    assert!(e.contains("prism-trunc"), "{e}");
+}

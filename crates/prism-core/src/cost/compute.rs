@@ -53,6 +53,12 @@ pub struct ComputeParams {
     /// the mainloop rate. Initial estimate: about two to four 64-deep mainloop stages; cuBLAS
     /// throughput curves reach ~90% of their large-K value at K ≈ 2048 on H100.
     pub gemm_k_overhead: f64,
+    /// Smallest reduction length one SM is given when a GEMM has fewer output tiles than SMs
+    /// and cuBLAS splits the reduction dimension over the idle SMs (split-K / stream-K, Osama
+    /// et al. PPoPP 2023). 256: four 64-deep mainloop stages of a 128x256 BF16 tile. Measured
+    /// on an H100 (validation/h100): a 1024x1024x8192 GEMM (32 tiles) runs at 628 TFLOP/s,
+    /// near a full-wave GEMM, not at the 32/132 of it that one tile per SM would give.
+    pub gemm_split_k_min: f64,
     /// Ceiling of BF16 GEMM efficiency (fraction of the dense BF16 peak) for large, well-shaped
     /// GEMMs. H100 SXM: ~0.80 (cuBLAS large BF16 GEMMs measure ~700-800 TFLOP/s of 989, the
     /// spread being clock throttling under the 700 W limit); A100: ~0.85 (cuBLAS ~260-280
@@ -123,6 +129,7 @@ impl ComputeParams {
             gemm_tile_m: 128,
             gemm_tile_n: 256,
             gemm_k_overhead: 240.0,
+            gemm_split_k_min: 256.0,
             gemm_eff_max_bf16: 0.89,
             gemm_eff_max_fp8: 0.70,
             attn_fwd_eff_max: 0.70,
@@ -150,6 +157,7 @@ impl ComputeParams {
             gemm_tile_m: 128,
             gemm_tile_n: 256,
             gemm_k_overhead: 256.0,
+            gemm_split_k_min: 256.0,
             gemm_eff_max_bf16: 0.742,
             gemm_eff_max_fp8: 0.592,
             attn_fwd_eff_max: 0.699,
@@ -254,6 +262,7 @@ impl ComputeParams {
         unit("clock_factor", self.clock_factor)?;
         unit("softmax_mem_eff", self.softmax_mem_eff)?;
         nonneg("gemm_k_overhead", self.gemm_k_overhead)?;
+        nonneg("gemm_split_k_min", self.gemm_split_k_min)?;
         nonneg("attn_seq_half", self.attn_seq_half)?;
         nonneg("attn_head_dim_half", self.attn_head_dim_half)?;
         positive("attn_head_dim_ref", self.attn_head_dim_ref)?;
@@ -517,12 +526,16 @@ impl ComputeModel {
     /// of `gemm_tile_m x gemm_tile_n` output tiles:
     /// * `padding = m n / (tiles * tile_m * tile_n)`: the share of computed tile area that is
     ///   real output;
-    /// * `fill = min(1, tiles / sm_count)`: fewer tiles than SMs leave SMs idle. Partial last
-    ///   waves are not charged: cuBLAS on Ampere/Hopper balances them with stream-K / split-K
-    ///   kernels, so beyond one wave throughput is proportional to work.
+    /// * fewer tiles than SMs: cuBLAS splits the reduction over the idle SMs (split-K /
+    ///   stream-K), each SM taking at least `gemm_split_k_min` of `k` and paying one tile's
+    ///   fixed cost; only when `k` is too short to split do SMs stay idle. Partial last waves
+    ///   are not charged either: stream-K balances them, so beyond one wave throughput is
+    ///   proportional to work.
     ///
-    /// The resulting time is `∝ tile_m tile_n (k + k_overhead) max(tiles, sm_count)`, never
-    /// decreasing in any dimension.
+    /// The resulting time is
+    /// `∝ tile_m tile_n sm_count (max(tiles k / sm_count, min(k, k_min)) + max(tiles / sm_count, 1) k_overhead)`:
+    /// `tile_m tile_n tiles (k + k_overhead)` from one full wave on, never decreasing in any
+    /// dimension.
     pub fn gemm_efficiency(&self, m: u64, n: u64, k: u64) -> f64 {
         let eff_max = if self.precision == Precision::Fp8 && self.peak_gemm != self.peak_bf16 {
             self.params.gemm_eff_max_fp8
@@ -534,16 +547,30 @@ impl ComputeModel {
 
     /// Compute time of a GEMM at `rate` = peak x eff_max FLOP/s: equal to
     /// `flops / (peak * gemm_eff(..))`, written as
-    /// `2 tile_m tile_n max(tiles, sm_count) (k + k_overhead) / rate` so that it is
-    /// exactly monotone in floating point too.
+    /// `2 tile_m tile_n sm_count (k_per_sm + waves k_overhead) / rate` (see
+    /// [`Self::gemm_efficiency`]) so that it is exactly monotone in floating point too.
     fn gemm_compute_s(&self, m: u64, n: u64, k: u64, batch: u64, rate: f64) -> f64 {
         let p = &self.params;
         let tm = p.gemm_tile_m as u64;
         let tn = p.gemm_tile_n as u64;
         let tiles =
             m.max(1).div_ceil(tm) as f64 * n.max(1).div_ceil(tn) as f64 * batch.max(1) as f64;
+        2.0 * (tm * tn) as f64 * self.gemm_sm_work(tiles, k.max(1) as f64) / rate
+    }
+
+    /// Work of a GEMM with `tiles` output tiles of reduction length `k`, in tile-K units summed
+    /// over every SM's busy-or-idle time: `tiles (k + k_overhead)` from one full wave on
+    /// (stream-K balances partial waves); below one wave, each SM runs `tiles k / sm_count` of
+    /// the reduction (but at least one tile's `k` or `gemm_split_k_min`, whichever is
+    /// shorter) and pays one fixed cost. Both branches agree at `tiles = sm_count`.
+    fn gemm_sm_work(&self, tiles: f64, k: f64) -> f64 {
+        let p = &self.params;
         let sms = p.sm_count as f64;
-        2.0 * (tm * tn) as f64 * tiles.max(sms) * (k.max(1) as f64 + p.gemm_k_overhead) / rate
+        if tiles >= sms {
+            tiles * (k + p.gemm_k_overhead)
+        } else {
+            sms * ((tiles * k / sms).max(k.min(p.gemm_split_k_min)) + p.gemm_k_overhead)
+        }
     }
 
     fn gemm_eff(&self, m: u64, n: u64, k: u64, batch: u64, eff_max: f64) -> f64 {
@@ -555,10 +582,15 @@ impl ComputeModel {
         let tiles_n = n.div_ceil(tn);
         let padding = (m as f64 / (tiles_m * tm) as f64) * (n as f64 / (tiles_n * tn) as f64);
         let tiles = tiles_m as f64 * tiles_n as f64 * batch as f64;
-        let fill = (tiles / p.sm_count as f64).min(1.0);
         let k = k as f64;
-        let k_eff = k / (k + p.gemm_k_overhead);
-        eff_max * padding * fill * k_eff
+        // Useful tile work over the work every SM's time is worth (from one wave on, exactly
+        // `k / (k + k_overhead)`).
+        let work = if tiles >= p.sm_count as f64 {
+            k / (k + p.gemm_k_overhead)
+        } else {
+            tiles * k / self.gemm_sm_work(tiles, k)
+        };
+        eff_max * padding * work
     }
 
     /// Efficiency of a fused-attention kernel (fraction of the dense BF16 peak); in (0, 1].
@@ -749,6 +781,38 @@ mod tests {
         };
         let cm = ComputeModel::new(&job, no_overhead, None);
         assert!(cm.time_ps(&gemm(1, 1, 1)) >= 1);
+    }
+
+    #[test]
+    fn under_filled_gemms_split_the_reduction_over_idle_sms() {
+        let job = h100_job();
+        let cm = model(&job);
+        let p = cm.params().clone();
+        let (sms, ovh, kmin) = (p.sm_count as f64, p.gemm_k_overhead, p.gemm_split_k_min);
+        let eff_max = p.gemm_eff_max_bf16;
+        // 1024 x 1024 x 8192: 8 x 4 = 32 tiles on 132 SMs. Split-K: each SM runs 32 x 8192 /
+        // 132 of the reduction and pays one fixed cost.
+        let want = eff_max * 32.0 * 8192.0 / (sms * (32.0 * 8192.0 / sms + ovh));
+        assert!((cm.gemm_efficiency(1024, 1024, 8192) - want).abs() < 1e-12);
+        // Too short to split (k <= k_min): one tile per SM, the rest idle.
+        let want = eff_max * 32.0 / sms * 128.0 / (128.0 + ovh);
+        assert!((cm.gemm_efficiency(1024, 1024, 128) - want).abs() < 1e-12);
+        // Long enough for slices but too little work to give every SM k_min: slices of k_min.
+        let want = eff_max * 32.0 * 512.0 / (sms * (kmin + ovh));
+        assert!((cm.gemm_efficiency(1024, 1024, 512) - want).abs() < 1e-12);
+        // One full wave: the split is gone and both branches agree.
+        let tiles_m = 132 / 2; // 132 tiles = 66 x 2 (n = 512)
+        let e_full = cm.gemm_efficiency(128 * tiles_m, 512, 8192);
+        assert!((e_full - eff_max * 8192.0 / (8192.0 + ovh)).abs() < 1e-12);
+        // Time: the split GEMM is faster than one tile per SM would be, by up to the idle share.
+        let t_split = cm.time_s(&gemm(1024, 1024, 8192));
+        let one_tile_per_sm = 2.0 * 128.0 * 256.0 * sms * (8192.0 + ovh)
+            / (job.cluster.gpu.peak_tflops_bf16 * 1e12 * p.clock_factor * eff_max)
+            + p.launch_overhead_s;
+        assert!(
+            t_split < one_tile_per_sm / 3.0,
+            "{t_split} vs {one_tile_per_sm}"
+        );
     }
 
     #[test]
