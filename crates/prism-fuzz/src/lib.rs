@@ -46,11 +46,13 @@ pub enum Target {
     ResilienceLog,
     /// Scenario of `prism resilience` (TOML).
     Scenario,
+    /// Kernel micro-benchmark results (CSV, `prism calibrate --kernels`).
+    KernelBench,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 9] = [
+    pub const ALL: [Target; 10] = [
         Target::Job,
         Target::Hf,
         Target::KernelTable,
@@ -60,6 +62,7 @@ impl Target {
         Target::Kineto,
         Target::ResilienceLog,
         Target::Scenario,
+        Target::KernelBench,
     ];
 
     /// Name (command line, regression folders).
@@ -74,6 +77,7 @@ impl Target {
             Target::Kineto => "kineto",
             Target::ResilienceLog => "resilience-log",
             Target::Scenario => "scenario",
+            Target::KernelBench => "kernel-bench",
         }
     }
 
@@ -124,6 +128,7 @@ impl Target {
                 include_str!("../../../examples/resilience/fail-slow-4h.toml"),
                 include_str!("../../../examples/resilience/fail-stop-4h.toml"),
             ],
+            Target::KernelBench => &[include_str!("../../../validation/h100/kernels.csv")],
         }
     }
 }
@@ -322,6 +327,7 @@ fn feed(target: Target, input: &str) -> bool {
         },
         Target::Hf => hf::model_from_hf_config(input, "config.json").is_ok(),
         Target::KernelTable => kernel_table::parse_kernel_table(input, "k.csv").is_ok(),
+        Target::KernelBench => prism_io::kernel_bench::parse_kernel_bench(input, "b.csv").is_ok(),
         Target::Samples => samples::parse_samples(input, "s.csv").is_ok(),
         Target::DistTable => samples::parse_dist_table(input, "d.csv").is_ok(),
         Target::Cases => validation::parse_cases(input, "cases.csv").is_ok(),
