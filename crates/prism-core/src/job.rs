@@ -404,6 +404,37 @@ pub struct Training {
     pub stack: Stack,
     /// DeepSeek-V3's memory-saving techniques (all off by default).
     pub memory_saving: MemorySaving,
+    /// How FP8 GEMM operands are scaled (only with [`Precision::Fp8`]).
+    pub fp8_recipe: Fp8Recipe,
+}
+
+/// Scaling granularity of FP8 GEMM operands. Finer scales keep more precision and cost GEMM
+/// throughput on Hopper (more scale loads and multiplies per tile; measured in
+/// `validation/h100`, docs/calibration.md); Blackwell's tensor cores apply MXFP8 block scales
+/// natively.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fp8Recipe {
+    /// One scale per tensor (Transformer Engine's delayed or current scaling).
+    #[default]
+    Tensorwise,
+    /// One scale per row of the activations and per column of the weights.
+    Rowwise,
+    /// DeepSeek-V3's fine-grained quantization (arXiv:2412.19437 Sec. 3.3.2): 1x128 tiles of the
+    /// activations, 128x128 blocks of the weights (Transformer Engine's `Float8BlockScaling`).
+    Blockwise,
+    /// OCP microscaling: one E8M0 scale per 32 consecutive elements, in the tensor cores of
+    /// Blackwell GPUs only (Transformer Engine's `MXFP8BlockScaling`).
+    Mxfp8,
+}
+
+impl Fp8Recipe {
+    /// Job-file names.
+    pub const NAMES: [(&'static str, Fp8Recipe); 4] = [
+        ("tensorwise", Fp8Recipe::Tensorwise),
+        ("rowwise", Fp8Recipe::Rowwise),
+        ("blockwise", Fp8Recipe::Blockwise),
+        ("mxfp8", Fp8Recipe::Mxfp8),
+    ];
 }
 
 /// Memory-saving techniques of the DeepSeek-V3 technical report (DeepSeek-AI 2024,
@@ -1251,6 +1282,21 @@ impl Job {
                 ),
             ));
         }
+        if t.fp8_recipe != Fp8Recipe::Tensorwise && t.precision != Precision::Fp8 {
+            return Err(JobError::new(
+                "training.fp8_recipe",
+                "an FP8 scaling recipe needs training.precision = \"fp8\"".to_string(),
+            ));
+        }
+        if t.fp8_recipe == Fp8Recipe::Mxfp8 && !gpu_is_blackwell(&c.gpu) {
+            return Err(JobError::new(
+                "training.fp8_recipe",
+                format!(
+                    "\"mxfp8\" needs Blackwell tensor cores (B100/B200/B300/GB200; {} has none)",
+                    c.gpu.name
+                ),
+            ));
+        }
         if t.precision == Precision::Fp8 && c.gpu.peak_tflops_fp8.is_none() {
             return Err(JobError::new(
                 "training.precision",
@@ -1262,6 +1308,20 @@ impl Job {
         }
         crate::arch::validate(self)?;
         Ok(())
+    }
+}
+
+/// Whether `gpu` is a Blackwell GPU (by name, else by a dense BF16 peak of at least 1,500
+/// TFLOP/s), as [`crate::cost::compute::ComputeParams::for_gpu`] decides.
+pub fn gpu_is_blackwell(gpu: &Gpu) -> bool {
+    let n = gpu.name.to_ascii_uppercase();
+    let has = |names: &[&str]| names.iter().any(|b| n.contains(b));
+    if has(&["B100", "B200", "B300"]) {
+        true
+    } else if has(&["H100", "H200", "H800", "A100", "A800"]) {
+        false
+    } else {
+        gpu.peak_tflops_bf16 >= 1500.0
     }
 }
 
@@ -1415,6 +1475,7 @@ pub mod fixtures {
                 flash_attention: true,
                 stack: Stack::MegatronCore,
                 memory_saving: MemorySaving::default(),
+                fp8_recipe: Fp8Recipe::Tensorwise,
             },
         }
     }

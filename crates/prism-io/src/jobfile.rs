@@ -318,6 +318,7 @@ const TRAINING_FIELDS: &[Field] = &[
     fld("stack", Ty::Str),
     fld("recompute_norm_upproj", Ty::Bool),
     fld("activation_cache", Ty::Str),
+    fld("fp8_recipe", Ty::Str),
     fld("optimizer_state_dtype", Ty::Str),
 ];
 
@@ -2444,12 +2445,16 @@ fn build_training(
                 .to_string(),
         ));
     }
+    let fp8_recipe = g
+        .choice("fp8_recipe", &prism_core::job::Fp8Recipe::NAMES)?
+        .unwrap_or_default();
     Ok(Training {
         global_batch,
         precision,
         flash_attention,
         stack,
         memory_saving,
+        fp8_recipe,
     })
 }
 

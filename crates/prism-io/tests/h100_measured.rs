@@ -200,6 +200,18 @@ fn fp8_gemms_and_scaling_recipes() {
         );
         // Finer scales cost throughput (more scale loads and multiplies per tile), never gain.
         assert!(s.median < 1.0 && s.median > 0.6, "{v}: {:.3}", s.median);
+        // `training.fp8_recipe` prices them with these measured ratios.
+        let p = ComputeParams::h100();
+        let model = if v == "fp8_row" {
+            p.fp8_rowwise_rel
+        } else {
+            p.fp8_blockwise_rel
+        };
+        assert!(
+            (model - s.median).abs() < 0.005,
+            "{v}: {model} vs {}",
+            s.median
+        );
     }
 }
 

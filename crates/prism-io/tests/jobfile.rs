@@ -1770,3 +1770,91 @@ fn memory_saving_keys() {
         &["needs training.precision = \"fp8\""],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// training.fp8_recipe
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn fp8_recipe_key() {
+    use prism_core::job::Fp8Recipe;
+    assert_eq!(
+        ok(SMALL, &[]).job.training.fp8_recipe,
+        Fp8Recipe::Tensorwise
+    );
+    for (name, recipe) in Fp8Recipe::NAMES {
+        if recipe == Fp8Recipe::Mxfp8 {
+            continue;
+        }
+        let j = ok(
+            SMALL,
+            &[
+                "training.precision=fp8",
+                &format!("training.fp8_recipe={name}"),
+            ],
+        );
+        assert_eq!(j.job.training.fp8_recipe, recipe);
+    }
+    // MXFP8 needs Blackwell tensor cores.
+    let b200 = SMALL.replace("dgx-h100", "dgx-b200");
+    let j = ok(
+        &b200,
+        &["training.precision=fp8", "training.fp8_recipe=mxfp8"],
+    );
+    assert_eq!(j.job.training.fp8_recipe, Fp8Recipe::Mxfp8);
+    fails(
+        SMALL,
+        &["training.precision=fp8", "training.fp8_recipe=mxfp8"],
+        "training.fp8_recipe",
+        &["needs Blackwell tensor cores", "H100"],
+    );
+    // A recipe needs FP8 GEMMs; unknown names list the known ones.
+    fails(
+        SMALL,
+        &["training.fp8_recipe=blockwise"],
+        "training.fp8_recipe",
+        &["needs training.precision = \"fp8\""],
+    );
+    fails(
+        SMALL,
+        &["training.precision=fp8", "training.fp8_recipe=nvfp4"],
+        "training.fp8_recipe",
+        &["must be one of \"tensorwise\", \"rowwise\", \"blockwise\", \"mxfp8\""],
+    );
+}
+
+#[test]
+fn fp8_recipes_price_gemms_by_their_measured_throughput() {
+    use prism_core::cost::compute::{ComputeModel, ComputeParams};
+    use prism_core::ops::{ComputeOp, OpClass, Work};
+    let op = ComputeOp {
+        name: "fc1_fwd",
+        class: OpClass::Gemm,
+        work: Work::Gemm {
+            m: 8192,
+            n: 13312,
+            k: 16384,
+            batch: 1,
+        },
+        recompute: false,
+    };
+    let time = |recipe: &str| {
+        let j = ok(
+            SMALL,
+            &[
+                "training.precision=fp8",
+                &format!("training.fp8_recipe={recipe}"),
+            ],
+        )
+        .job;
+        let p = ComputeParams::h100();
+        let m = ComputeModel::new(&j, p.clone(), None);
+        m.time_s(&op) - p.launch_overhead_s
+    };
+    let p = ComputeParams::h100();
+    let t = time("tensorwise");
+    // A compute-bound GEMM's time scales with 1 / throughput.
+    assert!((time("rowwise") - t / p.fp8_rowwise_rel).abs() < 1e-12);
+    assert!((time("blockwise") - t / p.fp8_blockwise_rel).abs() < 1e-12);
+    assert!(time("blockwise") > t && time("rowwise") > t);
+}
