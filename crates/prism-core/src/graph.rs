@@ -1644,11 +1644,13 @@ impl<'a> StageBuilder<'a> {
             tag,
             &[cur],
         );
-        // Vocab-parallel cross entropy: max and sum-exp all-reduces of one float per token.
+        // Vocab-parallel cross entropy: the stack's passes over the FP32 logits
+        // (`Stack::loss_bytes_per_logit`); max and sum-exp all-reduces of one float per token.
+        let (loss_fwd_bytes, _) = self.job.training.stack.loss_bytes_per_logit();
         let loss = self.compute(
             "loss_fwd",
             OpClass::Loss,
-            Self::mem(3 * d.t * v_local * 4),
+            Self::mem(loss_fwd_bytes * d.t * v_local),
             tag,
             &[],
         );
@@ -1744,10 +1746,11 @@ impl<'a> StageBuilder<'a> {
         let d = self.dims();
         let tag = Self::tag(Phase::Backward, mb, NONE);
         let v_local = self.job.model.vocab as u64 / d.tp;
+        let (_, loss_bwd_bytes) = self.job.training.stack.loss_bytes_per_logit();
         let lb = self.compute(
             "loss_bwd",
             OpClass::Loss,
-            Self::mem(2 * d.t * v_local * 4),
+            Self::mem(loss_bwd_bytes * d.t * v_local),
             tag,
             &[],
         );

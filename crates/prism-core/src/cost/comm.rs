@@ -130,12 +130,13 @@ impl CommParams {
 
     /// H100/H200 (DGX H100: NVLink 4 + NVSwitch, NDR InfiniBand / 400G RoCE).
     pub fn h100() -> Self {
-        // Fitted on the published H100 runs with NCCL's tuning model (docs/calibration.md).
+        // Fitted on the published H100 runs with NCCL's tuning model (docs/calibration.md,
+        // "Refit with the loss and gradient accumulation (2026-11-25)").
         CommParams {
             nvlink_efficiency: 0.905,
-            nic_efficiency: 0.950,
+            nic_efficiency: 0.948,
             launch_us: 10.0,
-            latency_scale: 0.130,
+            latency_scale: 0.115,
         }
     }
 }
