@@ -420,7 +420,11 @@ pub fn dualpipe_chunk_in_flight(job: &Job, stage: u32) -> [f64; 2] {
     for step in dualpipe_steps(stage, job.parallel.pp, m) {
         match step {
             PipeStep::Forward(_, c) => forward(c, &mut live),
-            PipeStep::Backward(_, c) => live[c as usize] -= 1,
+            // A split backward frees its micro-batch here too (the inputs its deferred
+            // weight gradient still reads are not counted; that weight gradient runs right
+            // after it before the peak, in step 3, or during the cool-down after it).
+            PipeStep::Backward(_, c) | PipeStep::BackwardInput(_, c) => live[c as usize] -= 1,
+            PipeStep::Weight(..) => {}
             PipeStep::ForwardBackward((_, f), (_, b)) => {
                 forward(f, &mut live);
                 live[b as usize] -= 1;
