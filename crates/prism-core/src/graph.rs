@@ -512,6 +512,16 @@ struct StageBuilder<'a> {
     /// in `pending_w` instead of emitted.
     defer_w: bool,
     pending_w: Vec<DeferredW>,
+    /// An overlapped pair's backward receive, posted before its forward: (tag, recv op).
+    pre_recv: Option<(MsgTag, u32)>,
+    /// The op the next compute op waits for besides its own inputs (an overlapped pair's
+    /// backward receive, for the pair's first kernel).
+    pair_gate: Option<u32>,
+    /// While an overlapped pair is built: its sends, (delta, tag, op tag, output op), held
+    /// until the pair is done.
+    held_sends: Option<Vec<(i8, MsgTag, OpTag, Option<u32>)>>,
+    /// An op every send waits for besides its output (an overlapped pair's last kernel).
+    send_after: Option<u32>,
     /// Recorded weight-gradient ops of each split backward, by (micro-batch, chunk), until
     /// its [`PipeStep::Weight`] emits them.
     deferred_w: BTreeMap<(u32, u32), Vec<DeferredW>>,
@@ -577,6 +587,10 @@ impl<'a> StageBuilder<'a> {
             zero3_ready: None,
             defer_w: false,
             pending_w: Vec::new(),
+            pre_recv: None,
+            pair_gate: None,
+            held_sends: None,
+            send_after: None,
             deferred_w: BTreeMap::new(),
         }
     }
@@ -645,11 +659,25 @@ impl<'a> StageBuilder<'a> {
                     PipeStep::BackwardInput(mb, c) => self.backward_input_step(mb, c, m),
                     PipeStep::Weight(mb, c) => self.weight_step(mb, c, m),
                     PipeStep::ForwardBackward(f, b) => {
+                        // As the reference's `_forward_backward_chunk`, the pair's compute
+                        // starts once both chunks' inputs are received: the backward's
+                        // receive is posted first and gates the forward's first kernel.
+                        // Its sends are issued once the pair's compute is done (they are
+                        // committed with the next chunk's transfers).
+                        self.pair_gate = self.pre_recv_gradient(b.0, b.1);
+                        self.held_sends = Some(Vec::new());
                         let start = self.prog.len() as u32;
                         self.forward_step(f.0, f.1, m);
                         let mid = self.prog.len() as u32;
                         self.backward_step(b.0, b.1, m);
                         self.interleave(start, mid);
+                        let held = self.held_sends.take().unwrap_or_default();
+                        self.send_after =
+                            self.prog.stream_ops[Stream::Compute as usize].last().copied();
+                        for (delta, tag, optag, cur) in held {
+                            self.send(delta, tag, optag, cur);
+                        }
+                        self.send_after = None;
                     }
                 }
             }
@@ -728,7 +756,8 @@ impl<'a> StageBuilder<'a> {
         tag: OpTag,
         deps: &[u32],
     ) -> u32 {
-        let deps = self.with_blocking(deps);
+        let mut deps = self.with_blocking(deps);
+        deps.extend(self.pair_gate.take());
         let recompute = tag.phase == Phase::Recompute;
         self.prog.push(
             OpKind::Compute(ComputeOp {
@@ -903,6 +932,10 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn send(&mut self, delta: i8, tag: MsgTag, optag: OpTag, cur: Option<u32>) {
+        if let Some(held) = self.held_sends.as_mut() {
+            held.push((delta, tag, optag, cur));
+            return;
+        }
         let d = self.dims();
         let p = self.job.parallel.pp;
         let target = ((self.stage + p) as i64 + delta as i64) as u32 % p;
@@ -928,7 +961,7 @@ impl<'a> StageBuilder<'a> {
             },
             Stream::PpSend,
             optag,
-            &Self::deps(cur),
+            &Self::deps(cur).into_iter().chain(self.send_after).collect::<Vec<_>>(),
         );
         self.sends.push((op, target, tag));
         // Plain 1F1B and GPipe block on their sends (Megatron's P2P); the interleaved and the
@@ -1816,6 +1849,23 @@ impl<'a> StageBuilder<'a> {
         }
     }
 
+    /// Posts the receive of `(mb, chunk)`'s output gradient ahead of its backward (kept in
+    /// `pre_recv` for [`StageBuilder::backward_step`]); `None` on the chunk that computes
+    /// the loss.
+    fn pre_recv_gradient(&mut self, mb: u32, chunk: u32) -> Option<u32> {
+        if self.is_last_chunk(chunk) {
+            return None;
+        }
+        let msg = MsgTag {
+            backward: true,
+            micro_batch: mb,
+            chunk,
+        };
+        let op = self.recv(msg, Self::tag(Phase::Backward, mb, NONE));
+        self.pre_recv = Some((msg, op));
+        Some(op)
+    }
+
     fn backward_step(&mut self, mb: u32, chunk: u32, m: u32) {
         let d = self.dims();
         let tag = Self::tag(Phase::Backward, mb, NONE);
@@ -1827,14 +1877,15 @@ impl<'a> StageBuilder<'a> {
             self.mtp_backward(mb, last_mb);
             cur = Some(self.lm_head_backward(mb, last_mb));
         } else {
-            cur = Some(self.recv(
-                MsgTag {
-                    backward: true,
-                    micro_batch: mb,
-                    chunk,
-                },
-                tag,
-            ));
+            let msg = MsgTag {
+                backward: true,
+                micro_batch: mb,
+                chunk,
+            };
+            cur = Some(match self.pre_recv.take() {
+                Some((t, op)) if t == msg => op,
+                _ => self.recv(msg, tag),
+            });
         }
         let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
         let mut gathers = Zero3Gathers::default();
