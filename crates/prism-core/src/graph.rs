@@ -407,9 +407,7 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
         for st in steps {
             let (f, b) = match st {
                 PipeStep::Forward(mb, c) => (Some((mb, c)), None),
-                PipeStep::Backward(mb, c) | PipeStep::BackwardInput(mb, c) => {
-                    (None, Some((mb, c)))
-                }
+                PipeStep::Backward(mb, c) | PipeStep::BackwardInput(mb, c) => (None, Some((mb, c))),
                 PipeStep::ForwardBackward(f, b) => (Some(f), Some(b)),
                 // A deferred weight gradient is no step of its own here.
                 PipeStep::Weight(..) => (None, None),
@@ -672,8 +670,9 @@ impl<'a> StageBuilder<'a> {
                         self.backward_step(b.0, b.1, m);
                         self.interleave(start, mid);
                         let held = self.held_sends.take().unwrap_or_default();
-                        self.send_after =
-                            self.prog.stream_ops[Stream::Compute as usize].last().copied();
+                        self.send_after = self.prog.stream_ops[Stream::Compute as usize]
+                            .last()
+                            .copied();
                         for (delta, tag, optag, cur) in held {
                             self.send(delta, tag, optag, cur);
                         }
@@ -908,7 +907,7 @@ impl<'a> StageBuilder<'a> {
             if last_mb {
                 self.mark_grad_ready(layer, wg);
             }
-            self.linear_backward_in(
+            let (_, proj_wg) = self.linear_backward_in(
                 ("mtp_proj_dgrad", "mtp_proj_wgrad"),
                 Self::gemm(d.t, 2 * d.h / d.tp, d.h),
                 Self::gemm(2 * d.h / d.tp, d.h, d.t),
@@ -916,6 +915,10 @@ impl<'a> StageBuilder<'a> {
                 g,
                 d.t * d.h * ACT_BYTES,
             );
+            if last_mb {
+                // The projection's weight gradient belongs to the module's bucket too.
+                self.mark_grad_ready(layer, proj_wg);
+            }
         }
     }
 
@@ -961,7 +964,10 @@ impl<'a> StageBuilder<'a> {
             },
             Stream::PpSend,
             optag,
-            &Self::deps(cur).into_iter().chain(self.send_after).collect::<Vec<_>>(),
+            &Self::deps(cur)
+                .into_iter()
+                .chain(self.send_after)
+                .collect::<Vec<_>>(),
         );
         self.sends.push((op, target, tag));
         // Plain 1F1B and GPipe block on their sends (Megatron's P2P); the interleaved and the
@@ -1803,7 +1809,10 @@ impl<'a> StageBuilder<'a> {
                     work,
                     tag,
                     deps,
-                } => (self.compute(name, class, work, retag(tag), &deps), tag.layer),
+                } => (
+                    self.compute(name, class, work, retag(tag), &deps),
+                    tag.layer,
+                ),
                 DeferredW::Gathered {
                     name,
                     work,
@@ -1812,18 +1821,10 @@ impl<'a> StageBuilder<'a> {
                     input,
                 } => {
                     let t = retag(tag);
-                    let ag = self.collective(
-                        GroupKind::Tp,
-                        Collective::AllGather,
-                        bytes,
-                        t,
-                        &[input],
-                    );
+                    let ag =
+                        self.collective(GroupKind::Tp, Collective::AllGather, bytes, t, &[input]);
                     let deps: Vec<u32> = ag.into_iter().collect();
-                    (
-                        self.compute(name, OpClass::Gemm, work, t, &deps),
-                        tag.layer,
-                    )
+                    (self.compute(name, OpClass::Gemm, work, t, &deps), tag.layer)
                 }
             };
             last_of_layer.insert(layer, id);
@@ -1843,7 +1844,14 @@ impl<'a> StageBuilder<'a> {
                     let (dense, expert) = self.layer_param_split(layer);
                     let bytes = self.grad_bytes();
                     let optag = Self::tag(Phase::Optimizer, mb, layer);
-                    self.data_parallel(Collective::ReduceScatter, dense, expert, bytes, optag, &[op]);
+                    self.data_parallel(
+                        Collective::ReduceScatter,
+                        dense,
+                        expert,
+                        bytes,
+                        optag,
+                        &[op],
+                    );
                 }
             }
         }
@@ -2282,7 +2290,12 @@ impl<'a> StageBuilder<'a> {
             &dg_deps,
         );
         let opw = self
-            .wgrad("out_proj_wgrad", Self::gemm(d.o_local, d.h, d.t), tag, &after)
+            .wgrad(
+                "out_proj_wgrad",
+                Self::gemm(d.o_local, d.h, d.t),
+                tag,
+                &after,
+            )
             .unwrap_or(opd);
         if self.job.parallel.recompute == Recompute::Selective {
             self.attention_forward(tag, &[opw], true);
@@ -2758,6 +2771,132 @@ mod tests {
         for p in &g.programs {
             for op in 0..p.len() as u32 {
                 assert!(p.deps_of(op).iter().all(|&d| d < op));
+            }
+        }
+    }
+
+    /// DualPipe jobs exercising every deferred weight-gradient path: MLA, routed and shared
+    /// experts, the LM head; tensor parallel with sequence parallelism (gathered weight
+    /// gradients), with TP communication overlap, with ZeRO-3.
+    fn dualpipe_variants() -> Vec<Job> {
+        let mut out = Vec::new();
+        for (tp, overlap, zero) in [(1, false, 1), (2, false, 1), (2, true, 1), (2, false, 3)] {
+            let mut job = crate::arch::fixtures::small_deepseek_job(4, tp, 4, 8 * 16 / tp, 2);
+            job.parallel.schedule = Schedule::DualPipe;
+            job.parallel.tp_comm_overlap = overlap;
+            job.parallel.set_zero_stage(zero);
+            job.model.arch.mtp_depth = 1;
+            job.validate()
+                .unwrap_or_else(|e| panic!("tp {tp} zero {zero}: {e}"));
+            out.push(job);
+        }
+        out
+    }
+
+    /// Truth (the split's data dependencies): on every stage of a DualPipe job, each deferred
+    /// weight-gradient op (`Phase::Weight`) comes after every backward op of its micro-batch
+    /// and layer (its input-gradient step) and depends on nothing later; the op a layer's
+    /// gradient bucket waits for (`grad_ready`) comes after every backward and weight op of
+    /// that layer on the compute stream, and the LM head's after every `lm_head_wgrad`, so the
+    /// data-parallel reduction waits for all weight gradients; with ZeRO-3 each layer's
+    /// per-micro-batch reduce-scatter waits for the layer's last weight op of that
+    /// micro-batch.
+    #[test]
+    fn deferred_weight_gradients_keep_their_dependencies() {
+        for job in dualpipe_variants() {
+            let p = job.parallel.pp;
+            for stage in 0..p {
+                let mut b = StageBuilder::new(&job, stage);
+                b.build();
+                let prog = &b.prog;
+                let compute = |op: u32| prog.stream[op as usize] == Stream::Compute;
+                let mut weights = 0;
+                for op in 0..prog.len() as u32 {
+                    let t = prog.tag[op as usize];
+                    if t.phase != Phase::Weight {
+                        continue;
+                    }
+                    weights += 1;
+                    let last_b = (0..op)
+                        .filter(|&x| {
+                            let u = prog.tag[x as usize];
+                            u.phase == Phase::Backward
+                                && (u.micro_batch, u.layer) == (t.micro_batch, t.layer)
+                        })
+                        .max();
+                    assert!(last_b.is_some(), "stage {stage} op {op}: a W before its B");
+                    assert!(
+                        (op + 1..prog.len() as u32).all(|x| {
+                            let u = prog.tag[x as usize];
+                            !(u.phase == Phase::Backward
+                                && (u.micro_batch, u.layer) == (t.micro_batch, t.layer))
+                        }),
+                        "stage {stage}: backward after its weight gradient"
+                    );
+                }
+                assert!(weights > 0, "stage {stage}: no deferred weight gradient");
+                for (&layer, &ready) in &b.grad_ready {
+                    assert!(compute(ready));
+                    let last = (0..prog.len() as u32)
+                        .filter(|&x| {
+                            let u = prog.tag[x as usize];
+                            compute(x)
+                                && u.layer == layer
+                                && matches!(u.phase, Phase::Backward | Phase::Weight)
+                        })
+                        .max()
+                        .unwrap();
+                    assert!(
+                        ready >= last,
+                        "stage {stage} layer {layer}: {ready} < {last}"
+                    );
+                }
+                if let Some(ready) = b.lm_head_grad_ready {
+                    for x in 0..prog.len() as u32 {
+                        if let OpKind::Compute(c) = &prog.kind[x as usize]
+                            && c.name == "lm_head_wgrad"
+                        {
+                            assert!(ready >= x, "stage {stage}: LM head");
+                        }
+                    }
+                }
+                if job.parallel.shards_params() {
+                    // Every per-micro-batch gradient reduce-scatter of a layer waits for
+                    // that micro-batch's last compute op of the layer.
+                    for x in 0..prog.len() as u32 {
+                        let u = prog.tag[x as usize];
+                        if u.phase != Phase::Optimizer || u.layer == NONE || u.micro_batch == NONE {
+                            continue;
+                        }
+                        if !matches!(
+                            prog.kind[x as usize],
+                            OpKind::Collective {
+                                op: Collective::ReduceScatter,
+                                ..
+                            }
+                        ) {
+                            continue;
+                        }
+                        let last = (0..x)
+                            .filter(|&y| {
+                                let v = prog.tag[y as usize];
+                                compute(y)
+                                    && (v.micro_batch, v.layer) == (u.micro_batch, u.layer)
+                                    && matches!(v.phase, Phase::Backward | Phase::Weight)
+                            })
+                            .max();
+                        let w_after = (x + 1..prog.len() as u32).any(|y| {
+                            let v = prog.tag[y as usize];
+                            v.phase == Phase::Weight
+                                && (v.micro_batch, v.layer) == (u.micro_batch, u.layer)
+                        });
+                        assert!(last.is_some() && !w_after, "stage {stage} op {x}");
+                        assert!(
+                            prog.deps_of(x).contains(&last.unwrap()),
+                            "stage {stage} op {x}"
+                        );
+                    }
+                }
             }
         }
     }

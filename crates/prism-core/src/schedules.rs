@@ -191,7 +191,9 @@ fn dualpipe_schedule(rank: u32, pp: u32, m: u32, zb: bool) -> Vec<PipeStep> {
         .iter()
         .map(|&(what, phase, paired)| {
             if what == Local::Weight {
-                let id = queue.pop_front().expect("a deferred weight gradient to run");
+                let id = queue
+                    .pop_front()
+                    .expect("a deferred weight gradient to run");
                 return (what, id, paired);
             }
             let c = phase ^ second_half;
@@ -400,7 +402,9 @@ mod tests {
                     assert_eq!(input, weight, "FIFO, pp {pp} m {m} r {r}");
                     for (i, st) in steps.iter().enumerate() {
                         if let PipeStep::Weight(a, c) = *st {
-                            let b = steps.iter().position(|x| *x == PipeStep::BackwardInput(a, c));
+                            let b = steps
+                                .iter()
+                                .position(|x| *x == PipeStep::BackwardInput(a, c));
                             assert!(b.is_some_and(|b| b < i), "pp {pp} m {m} r {r}");
                         }
                     }
@@ -411,7 +415,11 @@ mod tests {
                             s => Some(s),
                         })
                         .collect();
-                    assert_eq!(folded, dualpipe_steps_whole(r, pp, m), "pp {pp} m {m} r {r}");
+                    assert_eq!(
+                        folded,
+                        dualpipe_steps_whole(r, pp, m),
+                        "pp {pp} m {m} r {r}"
+                    );
                 }
             }
         }
@@ -435,10 +443,18 @@ mod tests {
             .collect();
         // Neighbour a message of direction `c` comes from (forward) / goes to.
         let up = |r: u32, c: u32| -> Option<u32> {
-            if c == 0 { r.checked_sub(1) } else { (r + 1 < pp).then_some(r + 1) }
+            if c == 0 {
+                r.checked_sub(1)
+            } else {
+                (r + 1 < pp).then_some(r + 1)
+            }
         };
         let down = |r: u32, c: u32| -> Option<u32> {
-            if c == 0 { (r + 1 < pp).then_some(r + 1) } else { r.checked_sub(1) }
+            if c == 0 {
+                (r + 1 < pp).then_some(r + 1)
+            } else {
+                r.checked_sub(1)
+            }
         };
         let mut done = std::collections::BTreeMap::new(); // (forward, mb, rank) -> ready
         let (mut pc, mut t) = (vec![0usize; pp as usize], vec![0i64; pp as usize]);
@@ -487,7 +503,10 @@ mod tests {
                 }
             }
         }
-        assert!((0..pp as usize).all(|r| pc[r] == steps[r].len()), "deadlock");
+        assert!(
+            (0..pp as usize).all(|r| pc[r] == steps[r].len()),
+            "deadlock"
+        );
         t.iter().max().unwrap() - m as i64 * (f + b + w)
     }
 
@@ -498,7 +517,15 @@ mod tests {
     /// forward chunk where `B >= W` and `n B >= (n + 1) F`.
     #[test]
     fn dualpipe_bubble_exact_matches_the_schedule() {
-        let times = [(10i64, 20, 0), (10, 15, 5), (10, 10, 10), (30, 50, 20), (20, 10, 10), (10, 5, 15), (7, 30, 11)];
+        let times = [
+            (10i64, 20, 0),
+            (10, 15, 5),
+            (10, 10, 10),
+            (30, 50, 20),
+            (20, 10, 10),
+            (10, 5, 15),
+            (7, 30, 11),
+        ];
         for pp in [2u32, 4, 6, 8, 10, 16] {
             for m in [2 * pp, 2 * pp + 2, 3 * pp + (3 * pp) % 2] {
                 for &(f, b, w) in &times {
@@ -511,7 +538,8 @@ mod tests {
                     let exact_whole = dualpipe_bubble_exact(pp, f as f64, (b + w) as f64, 0.0);
                     assert_eq!(whole as f64, exact_whole, "whole pp {pp} m {m}");
                     if pp > 2 && b >= w && n * b >= (n + 1) * f {
-                        let paper = dualpipe_bubble(pp, (f + b + w) as f64, (b + w) as f64, w as f64);
+                        let paper =
+                            dualpipe_bubble(pp, (f + b + w) as f64, (b + w) as f64, w as f64);
                         assert_eq!(paper - exact, f as f64, "pp {pp} F {f} B {b} W {w}");
                     }
                 }

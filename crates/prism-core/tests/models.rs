@@ -342,11 +342,27 @@ fn pipe_job(pp: u32, m: u32, schedule: prism_core::job::Schedule) -> Job {
 #[test]
 fn overlapping_schedules_reduced_and_slice_equal_full() {
     use prism_core::job::Schedule;
+    // DualPipe with its weight gradients deferred through every path: tensor parallel with
+    // sequence parallelism (gathered weight gradients), with TP overlap, with ZeRO-3, with MTP.
+    let variants = [(2, false, 1), (2, true, 1), (2, false, 3)].map(|(tp, overlap, zero)| {
+        let mut job = small_deepseek_job(4, tp, 4, 8 * 16 / tp, 2);
+        job.parallel.schedule = Schedule::DualPipe;
+        job.parallel.tp_comm_overlap = overlap;
+        job.parallel.set_zero_stage(zero);
+        job.model.arch.mtp_depth = 1;
+        if zero == 3 {
+            job.model.arch.mtp_depth = 0;
+        }
+        valid(job)
+    });
     for job in [
         pipe_job(4, 8, Schedule::DualPipe),
         pipe_job(2, 4, Schedule::DualPipe),
         pipe_job(1, 8, Schedule::OneFOneBOverlap),
-    ] {
+    ]
+    .into_iter()
+    .chain(variants)
+    {
         let full = simulate(&job, &SimOptions::default()).unwrap();
         let red = simulate(
             &job,
@@ -440,7 +456,11 @@ fn step_timeline(job: &Job, pair_end: bool) -> f64 {
             None => schedule(job.parallel.schedule, r, pp, m, 1)
                 .into_iter()
                 .map(|s| {
-                    let ph = if s.forward { Phase::Forward } else { Phase::Backward };
+                    let ph = if s.forward {
+                        Phase::Forward
+                    } else {
+                        Phase::Backward
+                    };
                     (ph, s.micro_batch, s.chunk)
                 })
                 .collect(),
@@ -683,7 +703,10 @@ fn dualpipe_bubble_equals_the_exact_closed_form() {
         let paper = dualpipe_bubble(pp, f + b + w, b + w, w);
         let bubble = split.ranks[0].breakdown.bubble_s;
         let idle = split.summary.iteration_time_s - split.ranks[0].compute_s;
-        assert!((bubble - idle).abs() < 1e-12, "pp {pp}: idle only (communication free)");
+        assert!(
+            (bubble - idle).abs() < 1e-12,
+            "pp {pp}: idle only (communication free)"
+        );
         eprintln!(
             "[DualPipe pp {pp} m {m}] F {:.1} us, B {:.1} us, W {:.1} us; bubble: engine {:.3} us, \
              exact {:.3} us, paper {:.3} us; in (F + B + W): engine {:.4}, exact {:.4}, \
@@ -700,7 +723,10 @@ fn dualpipe_bubble_equals_the_exact_closed_form() {
             exact_whole / (f + b + w),
         );
         // Within 1 ns (the 1 ps extras and rounding) of the exact form.
-        assert!((bubble - exact).abs() < 1e-9, "pp {pp}: {bubble} vs {exact}");
+        assert!(
+            (bubble - exact).abs() < 1e-9,
+            "pp {pp}: {bubble} vs {exact}"
+        );
         // Where the input gradient is the longest step the report's form is one forward
         // chunk more; at PP = 4 here `B < 2F` and the warm-up's `2F` sets the bubble.
         let n = pp as f64 / 2.0 - 1.0;
