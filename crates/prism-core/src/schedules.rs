@@ -425,6 +425,39 @@ mod tests {
         }
     }
 
+    /// Truth: holding a split backward's micro-batch until its deferred weight gradient runs
+    /// (the activations the weight-gradient GEMMs read) does not raise the peak number of
+    /// micro-batches a rank holds: the weight gradients of step 3 run right after their
+    /// backward, the others in the cool-down, after the peak. (So the memory model, which
+    /// frees a micro-batch at its input-gradient step, keeps DualPipe's `PP + 1` peak.)
+    #[test]
+    fn zero_bubble_split_keeps_the_activation_peak() {
+        for pp in [2u32, 4, 6, 8, 16] {
+            for m in [2 * pp, 2 * pp + 2, 4 * pp] {
+                for r in 0..pp {
+                    let peak = |free_at_weight: bool| {
+                        let (mut live, mut best) = (0i64, 0i64);
+                        for st in dualpipe_steps(r, pp, m) {
+                            match st {
+                                PipeStep::Forward(..) => live += 1,
+                                PipeStep::ForwardBackward(..) => {
+                                    best = best.max(live + 1);
+                                }
+                                PipeStep::Backward(..) => live -= 1,
+                                PipeStep::BackwardInput(..) => live -= !free_at_weight as i64,
+                                PipeStep::Weight(..) => live -= free_at_weight as i64,
+                            }
+                            best = best.max(live);
+                        }
+                        assert_eq!(live, 0);
+                        best
+                    };
+                    assert_eq!(peak(true), peak(false), "pp {pp} m {m} r {r}");
+                }
+            }
+        }
+    }
+
     /// Max-plus evaluation of DualPipe's steps (no graph, no engine): each rank runs its
     /// steps in order; a forward waits for the same micro-batch's forward upstream (in its
     /// direction), a backward for the backward downstream; `F`, `B` (input gradient), `W`
