@@ -12,11 +12,21 @@
 //! `dualpipe/dualpipe.py` of github.com/deepseek-ai/DualPipe, whose eight phases
 //! [`dualpipe_steps`] follows): rank `r` holds chunk 0 = stage `r` of the forward-direction
 //! pipeline and chunk 1 = stage `pp - 1 - r` (the reverse direction enters at the last rank);
-//! micro-batches `0 .. m/2` flow forward, `m/2 .. m` in reverse. The reference splits some
-//! backward chunks into input and weight gradients (zero bubble); Prism runs every backward
-//! whole, which is the schedule with `W = 0` in the paper's bubble
-//! `(PP/2 - 1)(F&B + B - 3W)` ([`dualpipe_bubble`]). Parameters are held twice (two stages
-//! per rank); activations of `PP + 1` micro-batch stages at the peak.
+//! micro-batches `0 .. m/2` flow forward, `m/2 .. m` in reverse. As the reference, a pair
+//! starts once both its chunks' inputs have arrived and sends its outputs when done, and some
+//! backward chunks are split (zero bubble) into an input-gradient step
+//! ([`PipeStep::BackwardInput`]) and a deferred weight-gradient step ([`PipeStep::Weight`],
+//! first in first out): step 3's, the second half of step 6's and step 7's; the graph builder
+//! emits a split backward's weight-gradient ops (and what only they need) at its weight step.
+//! Parameters are held twice (two stages per rank); activations of `PP + 1` micro-batch stages
+//! at the peak (the split does not raise it).
+//!
+//! Bubble: the engine gives exactly [`dualpipe_bubble_exact`],
+//! `n max(B - W, 0) + max(2n F, (n - 1) F + n B)` with `n = PP/2 - 1` (uniform chunks,
+//! communication free; derivation on that function). The report's `(PP/2 - 1)(F&B + B - 3W)`
+//! ([`dualpipe_bubble`]) is one forward chunk `F` more where the input gradient is the
+//! longest step (e.g. 5.04 against 4.77 chunk times `F + B + W` at PP 16, 2.16 against 1.89
+//! at PP 8; docs/models.md), and below it when `W > B` or forwards are long.
 //!
 //! **1F1B with EP overlap** (Megatron-Core's combined 1F1B): on one pipeline stage, forward
 //! `k + 1` overlapped with backward `k`. With several stages Megatron-Core pairs chunks of
@@ -267,9 +277,10 @@ pub fn pipe_steps(kind: Schedule, stage: u32, p: u32, m: u32) -> Option<Vec<Pipe
     }
 }
 
-/// DualPipe's pipeline bubble per rank (DeepSeek-V3 report, Table 2):
+/// DualPipe's pipeline bubble per rank as the DeepSeek-V3 report gives it (Table 2):
 /// `(PP/2 - 1)(F&B + B - 3W)`, with `F&B` the time of an overlapped forward and backward
-/// chunk, `B` a backward chunk and `W` its weight-gradient part.
+/// chunk, `B` a (full, per the reference's README) backward chunk and `W` its
+/// weight-gradient part. The schedule's exact bubble is [`dualpipe_bubble_exact`].
 pub fn dualpipe_bubble(pp: u32, f_and_b: f64, b: f64, w: f64) -> f64 {
     (pp as f64 / 2.0 - 1.0) * (f_and_b + b - 3.0 * w)
 }
@@ -289,7 +300,7 @@ pub fn dualpipe_bubble(pp: u32, f_and_b: f64, b: f64, w: f64) -> f64 {
 /// expression of the step times, so the bubble is a maximum of linear forms in `F`, `B`, `W`
 /// (homogeneous: scaling all times scales it). Evaluating the schedule's recurrence exactly
 /// (rational arithmetic) and differentiating at random points enumerates its linear pieces:
-/// for every `pp` from 4 to 16 and `m` from `2 pp` to `4 pp` there are the same four,
+/// for `pp` = 4, 6, 8 and 16 and `m` = `2 pp`, `2 pp + 2`, `4 pp` there are the same four,
 /// `2nF + n(B - W)`, `2nF`, `(n - 1)F + 2nB - nW` and `(n - 1)F + nB` (none depends on `m`:
 /// the main phase adds the same work to every rank), which is the form above. The test
 /// `dualpipe_bubble_exact_matches_the_schedule` re-checks it against a max-plus evaluation
@@ -297,13 +308,11 @@ pub fn dualpipe_bubble(pp: u32, f_and_b: f64, b: f64, w: f64) -> f64 {
 ///
 /// Against the report's `(PP/2 - 1)(F&B + B' - 3W)` ([`dualpipe_bubble`], `B'` the full
 /// backward `B + W` as the reference's README defines it, `F&B = F + B + W`), which is
-/// `n (F + 2B - W)`: where the backward's input part is the longest step
-/// (`B >= W` and `n B >= (n + 1) F`, the usual case) the exact bubble is one forward chunk
-/// less, `n (F + 2B - W) - F`: the paper counts `PP/2 - 1` forward chunks of idle time on the
-/// critical path where the schedule has `PP/2 - 2`. When `W > B` the `-3W` saving is capped
-/// (a weight gradient fills idle time only up to the input gradient it hides behind:
-/// `n max(B - W, 0)`), and when forwards are long (`n B < (n + 1) F`) the warm-up's `2n F`
-/// dominates; there the report's form is below the schedule's bubble.
+/// `n (F + 2B - W)`: where `B >= W` and `n B >= (n + 1) F` the exact bubble is one forward
+/// chunk less, `n (F + 2B - W) - F` (`F` enters with coefficient `PP/2 - 2`, not
+/// `PP/2 - 1`). Past `W = B` a longer weight gradient no longer shortens the bubble (the
+/// `n max(B - W, 0)` term), and where `n B < (n + 1) F` the `2n F` piece is the larger; in
+/// both cases the report's form can fall below the schedule's bubble.
 pub fn dualpipe_bubble_exact(pp: u32, f: f64, b: f64, w: f64) -> f64 {
     let n = pp as f64 / 2.0 - 1.0;
     if n <= 0.0 {
