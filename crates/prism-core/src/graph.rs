@@ -517,13 +517,16 @@ struct StageBuilder<'a> {
     pair_gate: Option<u32>,
     /// While an overlapped pair is built: its sends, (delta, tag, op tag, output op), held
     /// until the pair is done.
-    held_sends: Option<Vec<(i8, MsgTag, OpTag, Option<u32>)>>,
+    held_sends: Option<Vec<HeldSend>>,
     /// An op every send waits for besides its output (an overlapped pair's last kernel).
     send_after: Option<u32>,
     /// Recorded weight-gradient ops of each split backward, by (micro-batch, chunk), until
     /// its [`PipeStep::Weight`] emits them.
     deferred_w: BTreeMap<(u32, u32), Vec<DeferredW>>,
 }
+
+/// A send held back while an overlapped pair is built: (delta, message, op tag, output op).
+type HeldSend = (i8, MsgTag, OpTag, Option<u32>);
 
 /// A weight-gradient op of a split backward, recorded by its input-gradient step and
 /// emitted by its weight step.

@@ -171,11 +171,11 @@ fn dualpipe_schedule(rank: u32, pp: u32, m: u32, zb: bool) -> Vec<PipeStep> {
     let step_6 = half_rank + 1;
     let mut enable = false;
     for i in 0..step_6 {
-        if i == step_6 / 2 && half_rank % 2 == 1 {
+        if i == step_6 / 2 && !half_rank.is_multiple_of(2) {
             enable = zb;
         }
         push(Local::Backward(enable), 1, false);
-        if i == step_6 / 2 && half_rank % 2 == 0 {
+        if i == step_6 / 2 && half_rank.is_multiple_of(2) {
             enable = zb;
         }
         push(Local::Backward(enable), 0, false);
