@@ -624,7 +624,8 @@ fn bubbles_match_the_step_timeline() {
 
 /// Truth: DualPipe's bubble in the engine equals the exact closed form of its schedule
 /// (`schedules::dualpipe_bubble_exact`, derived and checked against a max-plus evaluation of
-/// the steps in `schedules.rs`), with and without the zero-bubble split, at PP = 2, 4, 8, 16.
+/// the steps in `schedules.rs`, with and without the split), at PP = 2, 4, 8, 16, for the
+/// schedule with its zero-bubble split (the engine has no switch to run it whole).
 /// The job makes every chunk alike: one MoE/MLA layer per chunk, communication free, the
 /// embedding, head and loss kernels costed 1 ps (a kernel table row of 0 s, no launch
 /// overhead), no MTP. `F`, `B` (input gradient) and `W` (deferred weight gradient) are the
