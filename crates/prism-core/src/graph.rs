@@ -135,6 +135,10 @@ pub enum Phase {
     Recompute,
     /// Gradient reduction, optimizer step, parameter gather.
     Optimizer,
+    /// Deferred weight gradients of a split backward (zero bubble:
+    /// [`crate::schedules::PipeStep::Weight`]); a whole backward's weight gradients are
+    /// [`Phase::Backward`].
+    Weight,
 }
 
 /// Where an op sits in the iteration.
@@ -403,8 +407,10 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
         for st in steps {
             let (f, b) = match st {
                 PipeStep::Forward(mb, c) => (Some((mb, c)), None),
-                PipeStep::Backward(mb, c) => (None, Some((mb, c))),
+                PipeStep::Backward(mb, c) | PipeStep::BackwardInput(mb, c) => (None, Some((mb, c))),
                 PipeStep::ForwardBackward(f, b) => (Some(f), Some(b)),
+                // A deferred weight gradient is no step of its own here.
+                PipeStep::Weight(..) => (None, None),
             };
             for (forward, x) in [(true, f), (false, b)] {
                 if let Some((micro_batch, chunk)) = x {
@@ -500,6 +506,49 @@ struct StageBuilder<'a> {
     /// ZeRO-3: the gather the next layer computation (forward, recompute or backward) waits
     /// for; taken by that layer's first op.
     zero3_ready: Option<u32>,
+    /// Zero-bubble split: the weight-gradient ops of the backward being built are recorded
+    /// in `pending_w` instead of emitted.
+    defer_w: bool,
+    pending_w: Vec<DeferredW>,
+    /// An overlapped pair's backward receive, posted before its forward: (tag, recv op).
+    pre_recv: Option<(MsgTag, u32)>,
+    /// The op the next compute op waits for besides its own inputs (an overlapped pair's
+    /// backward receive, for the pair's first kernel).
+    pair_gate: Option<u32>,
+    /// While an overlapped pair is built: its sends, (delta, tag, op tag, output op), held
+    /// until the pair is done.
+    held_sends: Option<Vec<HeldSend>>,
+    /// An op every send waits for besides its output (an overlapped pair's last kernel).
+    send_after: Option<u32>,
+    /// Recorded weight-gradient ops of each split backward, by (micro-batch, chunk), until
+    /// its [`PipeStep::Weight`] emits them.
+    deferred_w: BTreeMap<(u32, u32), Vec<DeferredW>>,
+}
+
+/// A send held back while an overlapped pair is built: (delta, message, op tag, output op).
+type HeldSend = (i8, MsgTag, OpTag, Option<u32>);
+
+/// A weight-gradient op of a split backward, recorded by its input-gradient step and
+/// emitted by its weight step.
+#[derive(Clone, Debug)]
+enum DeferredW {
+    /// A compute op (a weight-gradient GEMM, or a recomputation only it needs).
+    Compute {
+        name: &'static str,
+        class: OpClass,
+        work: Work,
+        tag: OpTag,
+        deps: Vec<u32>,
+    },
+    /// A weight-gradient GEMM whose sequence-parallel input is all-gathered over TP first
+    /// (`bytes` gathered once `input` exists).
+    Gathered {
+        name: &'static str,
+        work: Work,
+        tag: OpTag,
+        bytes: u64,
+        input: u32,
+    },
 }
 
 /// Sizes every op of one layer needs, per rank.
@@ -537,6 +586,13 @@ impl<'a> StageBuilder<'a> {
             embedding_param_ready: None,
             lm_head_param_ready: None,
             zero3_ready: None,
+            defer_w: false,
+            pending_w: Vec::new(),
+            pre_recv: None,
+            pair_gate: None,
+            held_sends: None,
+            send_after: None,
+            deferred_w: BTreeMap::new(),
         }
     }
 
@@ -601,12 +657,29 @@ impl<'a> StageBuilder<'a> {
                 match st {
                     PipeStep::Forward(mb, c) => self.forward_step(mb, c, m),
                     PipeStep::Backward(mb, c) => self.backward_step(mb, c, m),
+                    PipeStep::BackwardInput(mb, c) => self.backward_input_step(mb, c, m),
+                    PipeStep::Weight(mb, c) => self.weight_step(mb, c, m),
                     PipeStep::ForwardBackward(f, b) => {
+                        // As the reference's `_forward_backward_chunk`, the pair's compute
+                        // starts once both chunks' inputs are received: the backward's
+                        // receive is posted first and gates the forward's first kernel.
+                        // Its sends are issued once the pair's compute is done (they are
+                        // committed with the next chunk's transfers).
+                        self.pair_gate = self.pre_recv_gradient(b.0, b.1);
+                        self.held_sends = Some(Vec::new());
                         let start = self.prog.len() as u32;
                         self.forward_step(f.0, f.1, m);
                         let mid = self.prog.len() as u32;
                         self.backward_step(b.0, b.1, m);
                         self.interleave(start, mid);
+                        let held = self.held_sends.take().unwrap_or_default();
+                        self.send_after = self.prog.stream_ops[Stream::Compute as usize]
+                            .last()
+                            .copied();
+                        for (delta, tag, optag, cur) in held {
+                            self.send(delta, tag, optag, cur);
+                        }
+                        self.send_after = None;
                     }
                 }
             }
@@ -685,7 +758,8 @@ impl<'a> StageBuilder<'a> {
         tag: OpTag,
         deps: &[u32],
     ) -> u32 {
-        let deps = self.with_blocking(deps);
+        let mut deps = self.with_blocking(deps);
+        deps.extend(self.pair_gate.take());
         let recompute = tag.phase == Phase::Recompute;
         self.prog.push(
             OpKind::Compute(ComputeOp {
@@ -834,9 +908,9 @@ impl<'a> StageBuilder<'a> {
             }
             let (g, wg) = self.layer_backward(mb, layer, Some(head));
             if last_mb {
-                self.grad_ready.insert(layer, wg);
+                self.mark_grad_ready(layer, wg);
             }
-            self.linear_backward_in(
+            let (_, proj_wg) = self.linear_backward_in(
                 ("mtp_proj_dgrad", "mtp_proj_wgrad"),
                 Self::gemm(d.t, 2 * d.h / d.tp, d.h),
                 Self::gemm(2 * d.h / d.tp, d.h, d.t),
@@ -844,6 +918,10 @@ impl<'a> StageBuilder<'a> {
                 g,
                 d.t * d.h * ACT_BYTES,
             );
+            if last_mb {
+                // The projection's weight gradient belongs to the module's bucket too.
+                self.mark_grad_ready(layer, proj_wg);
+            }
         }
     }
 
@@ -860,6 +938,10 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn send(&mut self, delta: i8, tag: MsgTag, optag: OpTag, cur: Option<u32>) {
+        if let Some(held) = self.held_sends.as_mut() {
+            held.push((delta, tag, optag, cur));
+            return;
+        }
         let d = self.dims();
         let p = self.job.parallel.pp;
         let target = ((self.stage + p) as i64 + delta as i64) as u32 % p;
@@ -885,7 +967,10 @@ impl<'a> StageBuilder<'a> {
             },
             Stream::PpSend,
             optag,
-            &Self::deps(cur),
+            &Self::deps(cur)
+                .into_iter()
+                .chain(self.send_after)
+                .collect::<Vec<_>>(),
         );
         self.sends.push((op, target, tag));
         // Plain 1F1B and GPipe block on their sends (Megatron's P2P); the interleaved and the
@@ -1474,23 +1559,21 @@ impl<'a> StageBuilder<'a> {
         let d = self.dims();
         let (down, q_up, kv_up) = self.mla_shapes();
         let (n, k) = kv_up;
-        self.compute(
+        let mut last = self.compute(
             "kv_up_dgrad",
             OpClass::Gemm,
             Self::gemm(d.t, k, n),
             tag,
             &[grad],
         );
-        let mut last = self.compute(
-            "kv_up_wgrad",
-            OpClass::Gemm,
-            Self::gemm(n, k, d.t),
-            tag,
-            &[],
-        );
+        if let Some(w) = self.wgrad("kv_up_wgrad", Self::gemm(n, k, d.t), tag, &[]) {
+            last = w;
+        }
         if let Some((n, k)) = q_up {
-            self.compute("q_up_dgrad", OpClass::Gemm, Self::gemm(d.t, k, n), tag, &[]);
-            last = self.compute("q_up_wgrad", OpClass::Gemm, Self::gemm(n, k, d.t), tag, &[]);
+            last = self.compute("q_up_dgrad", OpClass::Gemm, Self::gemm(d.t, k, n), tag, &[]);
+            if let Some(w) = self.wgrad("q_up_wgrad", Self::gemm(n, k, d.t), tag, &[]) {
+                last = w;
+            }
         }
         let act = d.t * d.h * ACT_BYTES;
         let (g, _wg) = self.linear_backward_in(
@@ -1545,7 +1628,8 @@ impl<'a> StageBuilder<'a> {
             } else {
                 f
             };
-            self.compute(
+            // Only the fc2 weight gradient reads it.
+            self.w_only(
                 "shared_act_recompute",
                 OpClass::Elementwise,
                 Self::mem((n_fc1 + f) * d.t * ACT_BYTES),
@@ -1589,13 +1673,7 @@ impl<'a> StageBuilder<'a> {
             tag,
             &dg_deps,
         );
-        self.compute(
-            names[1],
-            OpClass::Gemm,
-            Self::gemm(f, d.h, d.t),
-            tag,
-            &after,
-        );
+        self.wgrad(names[1], Self::gemm(f, d.h, d.t), tag, &after);
         let ab = self.compute(
             names[2],
             OpClass::Elementwise,
@@ -1663,6 +1741,144 @@ impl<'a> StageBuilder<'a> {
         );
     }
 
+    /// A compute op that only the weight gradients need: emitted now, or recorded for the
+    /// weight step while a split backward is built (then `None`).
+    fn w_only(
+        &mut self,
+        name: &'static str,
+        class: OpClass,
+        work: Work,
+        tag: OpTag,
+        deps: &[u32],
+    ) -> Option<u32> {
+        if self.defer_w {
+            self.pending_w.push(DeferredW::Compute {
+                name,
+                class,
+                work,
+                tag,
+                deps: deps.to_vec(),
+            });
+            return None;
+        }
+        Some(self.compute(name, class, work, tag, deps))
+    }
+
+    /// A weight-gradient GEMM ([`StageBuilder::w_only`]).
+    fn wgrad(&mut self, name: &'static str, work: Work, tag: OpTag, deps: &[u32]) -> Option<u32> {
+        self.w_only(name, OpClass::Gemm, work, tag, deps)
+    }
+
+    /// Marks `op` as (a candidate for) the op after which `layer`'s gradients are final: the
+    /// latest in program order wins (the compute stream runs them in that order).
+    fn mark_grad_ready(&mut self, layer: u32, op: u32) {
+        let e = self.grad_ready.entry(layer).or_insert(op);
+        *e = (*e).max(op);
+    }
+
+    /// The input-gradient part of a split backward (zero bubble): the backward with its
+    /// weight-gradient ops recorded for [`StageBuilder::weight_step`] instead of emitted, so
+    /// the input gradient is sent downstream without waiting for them.
+    fn backward_input_step(&mut self, mb: u32, chunk: u32, m: u32) {
+        self.defer_w = true;
+        self.backward_step(mb, chunk, m);
+        self.defer_w = false;
+        let ops = std::mem::take(&mut self.pending_w);
+        self.deferred_w.insert((mb, chunk), ops);
+    }
+
+    /// The deferred weight gradients of `(mb, chunk)`'s split backward, in the order the
+    /// backward recorded them (last layer first), tagged [`Phase::Weight`] (recomputations
+    /// keep their tag). They follow their input-gradient step on the compute stream (their
+    /// inputs, the saved activations and the output gradients, exist by then); each layer's
+    /// last one marks its gradients final for the data-parallel reduction, and with ZeRO-3
+    /// the layer's per-micro-batch gradient reduce-scatter follows it.
+    fn weight_step(&mut self, mb: u32, chunk: u32, _m: u32) {
+        let ops = self
+            .deferred_w
+            .remove(&(mb, chunk))
+            .expect("a weight step after its input-gradient step");
+        let retag = |tag: OpTag| match tag.phase {
+            Phase::Backward => OpTag {
+                phase: Phase::Weight,
+                ..tag
+            },
+            _ => tag,
+        };
+        let mut last_of_layer: BTreeMap<u32, u32> = BTreeMap::new();
+        for op in ops {
+            let (id, layer) = match op {
+                DeferredW::Compute {
+                    name,
+                    class,
+                    work,
+                    tag,
+                    deps,
+                } => (
+                    self.compute(name, class, work, retag(tag), &deps),
+                    tag.layer,
+                ),
+                DeferredW::Gathered {
+                    name,
+                    work,
+                    tag,
+                    bytes,
+                    input,
+                } => {
+                    let t = retag(tag);
+                    let ag =
+                        self.collective(GroupKind::Tp, Collective::AllGather, bytes, t, &[input]);
+                    let deps: Vec<u32> = ag.into_iter().collect();
+                    (self.compute(name, OpClass::Gemm, work, t, &deps), tag.layer)
+                }
+            };
+            last_of_layer.insert(layer, id);
+        }
+        for (&layer, &op) in &last_of_layer {
+            if layer == NONE {
+                // The LM head's (and the MTP heads' shared) weight gradient.
+                self.lm_head_grad_ready = Some(self.lm_head_grad_ready.map_or(op, |x| x.max(op)));
+            } else {
+                self.mark_grad_ready(layer, op);
+            }
+        }
+        if self.job.parallel.shards_params() {
+            let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
+            for layer in layers {
+                if let Some(&op) = last_of_layer.get(&layer) {
+                    let (dense, expert) = self.layer_param_split(layer);
+                    let bytes = self.grad_bytes();
+                    let optag = Self::tag(Phase::Optimizer, mb, layer);
+                    self.data_parallel(
+                        Collective::ReduceScatter,
+                        dense,
+                        expert,
+                        bytes,
+                        optag,
+                        &[op],
+                    );
+                }
+            }
+        }
+    }
+
+    /// Posts the receive of `(mb, chunk)`'s output gradient ahead of its backward (kept in
+    /// `pre_recv` for [`StageBuilder::backward_step`]); `None` on the chunk that computes
+    /// the loss.
+    fn pre_recv_gradient(&mut self, mb: u32, chunk: u32) -> Option<u32> {
+        if self.is_last_chunk(chunk) {
+            return None;
+        }
+        let msg = MsgTag {
+            backward: true,
+            micro_batch: mb,
+            chunk,
+        };
+        let op = self.recv(msg, Self::tag(Phase::Backward, mb, NONE));
+        self.pre_recv = Some((msg, op));
+        Some(op)
+    }
+
     fn backward_step(&mut self, mb: u32, chunk: u32, m: u32) {
         let d = self.dims();
         let tag = Self::tag(Phase::Backward, mb, NONE);
@@ -1674,14 +1890,15 @@ impl<'a> StageBuilder<'a> {
             self.mtp_backward(mb, last_mb);
             cur = Some(self.lm_head_backward(mb, last_mb));
         } else {
-            cur = Some(self.recv(
-                MsgTag {
-                    backward: true,
-                    micro_batch: mb,
-                    chunk,
-                },
-                tag,
-            ));
+            let msg = MsgTag {
+                backward: true,
+                micro_batch: mb,
+                chunk,
+            };
+            cur = Some(match self.pre_recv.take() {
+                Some((t, op)) if t == msg => op,
+                _ => self.recv(msg, tag),
+            });
         }
         let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
         let mut gathers = Zero3Gathers::default();
@@ -1693,9 +1910,10 @@ impl<'a> StageBuilder<'a> {
             let out = self.layer_backward(mb, layer, cur);
             cur = Some(out.0);
             if last_mb {
-                self.grad_ready.insert(layer, out.1);
+                self.mark_grad_ready(layer, out.1);
             }
-            if self.job.parallel.shards_params() {
+            // (With the split, the weight step reduces the layer's gradients.)
+            if self.job.parallel.shards_params() && !self.defer_w {
                 // ZeRO-3: this micro-batch's gradients of the layer are reduce-scattered as
                 // soon as its weight gradients exist.
                 let (dense, expert) = self.layer_param_split(layer);
@@ -1771,25 +1989,14 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[dg],
             );
-            let wg = self.compute(
-                "lm_head_wgrad",
-                OpClass::Gemm,
-                Self::gemm(v_local, d.h, d.t),
-                tag,
-                &[],
-            );
-            c = op.unwrap_or(wg);
+            let wg = self.wgrad("lm_head_wgrad", Self::gemm(v_local, d.h, d.t), tag, &[]);
+            c = op.or(wg).unwrap_or(dg);
             wg
         } else {
-            self.compute(
-                "lm_head_wgrad",
-                OpClass::Gemm,
-                Self::gemm(v_local, d.h, d.t),
-                tag,
-                &[],
-            )
+            self.wgrad("lm_head_wgrad", Self::gemm(v_local, d.h, d.t), tag, &[])
         };
-        if last_mb {
+        // (Deferred: the weight step marks it.)
+        if last_mb && let Some(wg) = wg {
             self.lm_head_grad_ready = Some(wg);
         }
         self.compute(
@@ -1814,6 +2021,26 @@ impl<'a> StageBuilder<'a> {
         reduce_bytes: u64,
     ) -> (u32, u32) {
         let d = self.dims();
+        if d.sp && self.defer_w {
+            // Split backward: the input gradient is reduce-scattered now; the all-gather of
+            // the SP input, which only the weight gradient reads, moves with it.
+            let dg = self.compute(names.0, OpClass::Gemm, dgrad, tag, &[grad_in]);
+            let rs = self.collective(
+                GroupKind::Tp,
+                Collective::ReduceScatter,
+                reduce_bytes,
+                tag,
+                &[dg],
+            );
+            self.pending_w.push(DeferredW::Gathered {
+                name: names.1,
+                work: wgrad,
+                tag,
+                bytes: reduce_bytes,
+                input: grad_in,
+            });
+            return (rs.unwrap_or(dg), dg);
+        }
         if d.sp {
             // Megatron: all-gather the SP input for the weight gradient while the data gradient runs,
             // then reduce-scatter the input gradient while the weight gradient runs.
@@ -1848,7 +2075,7 @@ impl<'a> StageBuilder<'a> {
             } else {
                 None
             };
-            let wg = self.compute(names.1, OpClass::Gemm, wgrad, tag, &[]);
+            let wg = self.wgrad(names.1, wgrad, tag, &[]).unwrap_or(dg);
             (ar.unwrap_or(wg), wg)
         }
     }
@@ -1957,7 +2184,7 @@ impl<'a> StageBuilder<'a> {
             if self.fp8_act_cache() {
                 // DeepSeek-V3 (Sec. 3.3.3): only the SwiGLU input is cached (in FP8); its
                 // output, the fc2 weight-gradient input, is recomputed.
-                self.compute(
+                self.w_only(
                     "expert_act_recompute",
                     OpClass::Elementwise,
                     Self::mem(3 * pairs * fe * ACT_BYTES),
@@ -1980,9 +2207,8 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[cur],
             );
-            self.compute(
+            self.wgrad(
                 "expert_fc2_wgrad",
-                OpClass::Gemm,
                 Work::Gemm {
                     m: fe,
                     n: d.h,
@@ -2012,9 +2238,8 @@ impl<'a> StageBuilder<'a> {
                 &[],
             );
             let a2a = self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[dg]);
-            self.compute(
+            self.wgrad(
                 "expert_fc1_wgrad",
-                OpClass::Gemm,
                 Work::Gemm {
                     m: n_fc1,
                     n: d.h,
@@ -2063,20 +2288,21 @@ impl<'a> StageBuilder<'a> {
         );
         // Attention block.
         let (dg_deps, after) = self.gathered_grad(tag, r1);
-        self.compute(
+        let opd = self.compute(
             "out_proj_dgrad",
             OpClass::Gemm,
             Self::gemm(d.t, d.o_local, d.h),
             tag,
             &dg_deps,
         );
-        let opw = self.compute(
-            "out_proj_wgrad",
-            OpClass::Gemm,
-            Self::gemm(d.o_local, d.h, d.t),
-            tag,
-            &after,
-        );
+        let opw = self
+            .wgrad(
+                "out_proj_wgrad",
+                Self::gemm(d.o_local, d.h, d.t),
+                tag,
+                &after,
+            )
+            .unwrap_or(opd);
         if self.job.parallel.recompute == Recompute::Selective {
             self.attention_forward(tag, &[opw], true);
         }
@@ -2551,6 +2777,132 @@ mod tests {
         for p in &g.programs {
             for op in 0..p.len() as u32 {
                 assert!(p.deps_of(op).iter().all(|&d| d < op));
+            }
+        }
+    }
+
+    /// DualPipe jobs exercising every deferred weight-gradient path: MLA, routed and shared
+    /// experts, the LM head; tensor parallel with sequence parallelism (gathered weight
+    /// gradients), with TP communication overlap, with ZeRO-3.
+    fn dualpipe_variants() -> Vec<Job> {
+        let mut out = Vec::new();
+        for (tp, overlap, zero) in [(1, false, 1), (2, false, 1), (2, true, 1), (2, false, 3)] {
+            let mut job = crate::arch::fixtures::small_deepseek_job(4, tp, 4, 8 * 16 / tp, 2);
+            job.parallel.schedule = Schedule::DualPipe;
+            job.parallel.tp_comm_overlap = overlap;
+            job.parallel.set_zero_stage(zero);
+            job.model.arch.mtp_depth = 1;
+            job.validate()
+                .unwrap_or_else(|e| panic!("tp {tp} zero {zero}: {e}"));
+            out.push(job);
+        }
+        out
+    }
+
+    /// Truth (the split's data dependencies): on every stage of a DualPipe job, each deferred
+    /// weight-gradient op (`Phase::Weight`) comes after every backward op of its micro-batch
+    /// and layer (its input-gradient step) and depends on nothing later; the op a layer's
+    /// gradient bucket waits for (`grad_ready`) comes after every backward and weight op of
+    /// that layer on the compute stream, and the LM head's after every `lm_head_wgrad`, so the
+    /// data-parallel reduction waits for all weight gradients; with ZeRO-3 each layer's
+    /// per-micro-batch reduce-scatter waits for the layer's last weight op of that
+    /// micro-batch.
+    #[test]
+    fn deferred_weight_gradients_keep_their_dependencies() {
+        for job in dualpipe_variants() {
+            let p = job.parallel.pp;
+            for stage in 0..p {
+                let mut b = StageBuilder::new(&job, stage);
+                b.build();
+                let prog = &b.prog;
+                let compute = |op: u32| prog.stream[op as usize] == Stream::Compute;
+                let mut weights = 0;
+                for op in 0..prog.len() as u32 {
+                    let t = prog.tag[op as usize];
+                    if t.phase != Phase::Weight {
+                        continue;
+                    }
+                    weights += 1;
+                    let last_b = (0..op)
+                        .filter(|&x| {
+                            let u = prog.tag[x as usize];
+                            u.phase == Phase::Backward
+                                && (u.micro_batch, u.layer) == (t.micro_batch, t.layer)
+                        })
+                        .max();
+                    assert!(last_b.is_some(), "stage {stage} op {op}: a W before its B");
+                    assert!(
+                        (op + 1..prog.len() as u32).all(|x| {
+                            let u = prog.tag[x as usize];
+                            !(u.phase == Phase::Backward
+                                && (u.micro_batch, u.layer) == (t.micro_batch, t.layer))
+                        }),
+                        "stage {stage}: backward after its weight gradient"
+                    );
+                }
+                assert!(weights > 0, "stage {stage}: no deferred weight gradient");
+                for (&layer, &ready) in &b.grad_ready {
+                    assert!(compute(ready));
+                    let last = (0..prog.len() as u32)
+                        .filter(|&x| {
+                            let u = prog.tag[x as usize];
+                            compute(x)
+                                && u.layer == layer
+                                && matches!(u.phase, Phase::Backward | Phase::Weight)
+                        })
+                        .max()
+                        .unwrap();
+                    assert!(
+                        ready >= last,
+                        "stage {stage} layer {layer}: {ready} < {last}"
+                    );
+                }
+                if let Some(ready) = b.lm_head_grad_ready {
+                    for x in 0..prog.len() as u32 {
+                        if let OpKind::Compute(c) = &prog.kind[x as usize]
+                            && c.name == "lm_head_wgrad"
+                        {
+                            assert!(ready >= x, "stage {stage}: LM head");
+                        }
+                    }
+                }
+                if job.parallel.shards_params() {
+                    // Every per-micro-batch gradient reduce-scatter of a layer waits for
+                    // that micro-batch's last compute op of the layer.
+                    for x in 0..prog.len() as u32 {
+                        let u = prog.tag[x as usize];
+                        if u.phase != Phase::Optimizer || u.layer == NONE || u.micro_batch == NONE {
+                            continue;
+                        }
+                        if !matches!(
+                            prog.kind[x as usize],
+                            OpKind::Collective {
+                                op: Collective::ReduceScatter,
+                                ..
+                            }
+                        ) {
+                            continue;
+                        }
+                        let last = (0..x)
+                            .filter(|&y| {
+                                let v = prog.tag[y as usize];
+                                compute(y)
+                                    && (v.micro_batch, v.layer) == (u.micro_batch, u.layer)
+                                    && matches!(v.phase, Phase::Backward | Phase::Weight)
+                            })
+                            .max();
+                        let w_after = (x + 1..prog.len() as u32).any(|y| {
+                            let v = prog.tag[y as usize];
+                            v.phase == Phase::Weight
+                                && (v.micro_batch, v.layer) == (u.micro_batch, u.layer)
+                        });
+                        assert!(last.is_some() && !w_after, "stage {stage} op {x}");
+                        assert!(
+                            prog.deps_of(x).contains(&last.unwrap()),
+                            "stage {stage} op {x}"
+                        );
+                    }
+                }
             }
         }
     }

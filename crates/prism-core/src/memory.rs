@@ -420,7 +420,11 @@ pub fn dualpipe_chunk_in_flight(job: &Job, stage: u32) -> [f64; 2] {
     for step in dualpipe_steps(stage, job.parallel.pp, m) {
         match step {
             PipeStep::Forward(_, c) => forward(c, &mut live),
-            PipeStep::Backward(_, c) => live[c as usize] -= 1,
+            // A split backward frees its micro-batch here too: counting the inputs its
+            // deferred weight gradient still reads until that runs gives the same peak (test
+            // `zero_bubble_split_keeps_the_activation_peak` in `schedules.rs`).
+            PipeStep::Backward(_, c) | PipeStep::BackwardInput(_, c) => live[c as usize] -= 1,
+            PipeStep::Weight(..) => {}
             PipeStep::ForwardBackward((_, f), (_, b)) => {
                 forward(f, &mut live);
                 live[b as usize] -= 1;

@@ -12,11 +12,21 @@
 //! `dualpipe/dualpipe.py` of github.com/deepseek-ai/DualPipe, whose eight phases
 //! [`dualpipe_steps`] follows): rank `r` holds chunk 0 = stage `r` of the forward-direction
 //! pipeline and chunk 1 = stage `pp - 1 - r` (the reverse direction enters at the last rank);
-//! micro-batches `0 .. m/2` flow forward, `m/2 .. m` in reverse. The reference splits some
-//! backward chunks into input and weight gradients (zero bubble); Prism runs every backward
-//! whole, which is the schedule with `W = 0` in the paper's bubble
-//! `(PP/2 - 1)(F&B + B - 3W)` ([`dualpipe_bubble`]). Parameters are held twice (two stages
-//! per rank); activations of `PP + 1` micro-batch stages at the peak.
+//! micro-batches `0 .. m/2` flow forward, `m/2 .. m` in reverse. As the reference, a pair
+//! starts once both its chunks' inputs have arrived and sends its outputs when done, and some
+//! backward chunks are split (zero bubble) into an input-gradient step
+//! ([`PipeStep::BackwardInput`]) and a deferred weight-gradient step ([`PipeStep::Weight`],
+//! first in first out): step 3's, the second half of step 6's and step 7's; the graph builder
+//! emits a split backward's weight-gradient ops (and what only they need) at its weight step.
+//! Parameters are held twice (two stages per rank); activations of `PP + 1` micro-batch stages
+//! at the peak (the split does not raise it).
+//!
+//! Bubble: the engine gives exactly [`dualpipe_bubble_exact`],
+//! `n max(B - W, 0) + max(2n F, (n - 1) F + n B)` with `n = PP/2 - 1` (uniform chunks,
+//! communication free; derivation on that function). The report's `(PP/2 - 1)(F&B + B - 3W)`
+//! ([`dualpipe_bubble`]) is one forward chunk `F` more where the input gradient is the
+//! longest step (e.g. 5.04 against 4.77 chunk times `F + B + W` at PP 16, 2.16 against 1.89
+//! at PP 8; docs/models.md), and below it when `W > B` or forwards are long.
 //!
 //! **1F1B with EP overlap** (Megatron-Core's combined 1F1B): on one pipeline stage, forward
 //! `k + 1` overlapped with backward `k`. With several stages Megatron-Core pairs chunks of
@@ -30,10 +40,18 @@ use crate::job::{Job, JobError, Schedule};
 pub enum PipeStep {
     /// Forward of `(micro_batch, chunk)`.
     Forward(u32, u32),
-    /// Backward of `(micro_batch, chunk)`.
+    /// Backward of `(micro_batch, chunk)`: input and weight gradients.
     Backward(u32, u32),
     /// Forward of the first `(micro_batch, chunk)` overlapped with the backward of the second.
     ForwardBackward((u32, u32), (u32, u32)),
+    /// Input-gradient part of the backward of `(micro_batch, chunk)` (zero bubble: the
+    /// data-gradient GEMMs, attention backward, norms, elementwise kernels and the
+    /// communication the gradient passes through); its weight gradients wait for the
+    /// [`PipeStep::Weight`] of the same `(micro_batch, chunk)`.
+    BackwardInput(u32, u32),
+    /// The deferred weight-gradient part of `(micro_batch, chunk)`'s backward (after its
+    /// [`PipeStep::BackwardInput`]).
+    Weight(u32, u32),
 }
 
 /// Checks the rules of the DualPipe schedule (its reference implementation's assertions).
@@ -72,87 +90,149 @@ pub fn validate_dualpipe(job: &Job) -> Result<(), JobError> {
 }
 
 /// DualPipe's steps on rank `rank` of `pp` with `m` micro-batches (`m` even, `m >= 2 pp`):
-/// the eight phases of the reference implementation, weight-gradient steps folded into their
-/// backward chunks.
+/// the eight phases of the reference implementation with its zero-bubble split. The
+/// reference runs a backward chunk with `enable_zb` (input gradient now, weight gradient
+/// queued) in step 3 (`nB1W1F1`: each such backward's weight gradient runs right after it),
+/// in the second half of the backward chunks of step 6 (`nB1B0`) and in step 7 (`nWB0`);
+/// `_weight_chunk` pops the oldest queued weight gradient (first in, first out) in steps 3
+/// and 7 and drains the queue in step 8 (`nW`). Those backwards are
+/// [`PipeStep::BackwardInput`] here, the pops [`PipeStep::Weight`]; every other backward
+/// (and the backward of every overlapped pair) runs whole.
 pub fn dualpipe_steps(rank: u32, pp: u32, m: u32) -> Vec<PipeStep> {
+    dualpipe_schedule(rank, pp, m, true)
+}
+
+/// DualPipe's steps without the zero-bubble split: [`dualpipe_steps`] with every backward
+/// whole (each weight gradient folded into its backward chunk, no [`PipeStep::Weight`]);
+/// the schedule Prism ran before the split, kept for comparisons.
+pub fn dualpipe_steps_whole(rank: u32, pp: u32, m: u32) -> Vec<PipeStep> {
+    dualpipe_schedule(rank, pp, m, false)
+}
+
+/// What one entry of DualPipe's local phase order runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Local {
+    Forward,
+    /// A backward; `true` with the zero-bubble split (`enable_zb`).
+    Backward(bool),
+    /// Pop the oldest deferred weight gradient (`_weight_chunk`).
+    Weight,
+}
+
+fn dualpipe_schedule(rank: u32, pp: u32, m: u32, zb: bool) -> Vec<PipeStep> {
     let half_ranks = pp / 2;
     let half_rank = rank.min(pp - 1 - rank);
     let second_half = (rank >= half_ranks) as u32;
     let half_chunks = m / 2;
     let middle = rank == half_ranks - 1 || rank == half_ranks;
-    // (forward, local phase, overlapped with the next step), in schedule order.
-    let mut order: Vec<(bool, u32, bool)> = Vec::with_capacity(2 * m as usize);
-    let mut push = |forward: bool, phase: u32, paired: bool| order.push((forward, phase, paired));
+    // (what, local phase, overlapped with the next step), in schedule order.
+    let mut order: Vec<(Local, u32, bool)> = Vec::with_capacity(3 * m as usize);
+    let mut push = |what: Local, phase: u32, paired: bool| order.push((what, phase, paired));
+    let (fwd, whole) = (Local::Forward, Local::Backward(false));
+    let split = Local::Backward(zb);
     // Step 1: nF0.
     for _ in 0..(half_ranks - half_rank - 1) * 2 {
-        push(true, 0, false);
+        push(fwd, 0, false);
     }
     // Step 2: nF0F1.
     for _ in 0..half_rank + 1 {
-        push(true, 0, false);
-        push(true, 1, false);
+        push(fwd, 0, false);
+        push(fwd, 1, false);
     }
-    // Step 3: nB1W1F1.
+    // Step 3: nB1W1F1 (zero bubble: each weight gradient right after its backward).
     for _ in 0..half_ranks - half_rank - 1 {
-        push(false, 1, false);
-        push(true, 1, false);
+        push(split, 1, false);
+        if zb {
+            push(Local::Weight, 0, false);
+        }
+        push(fwd, 1, false);
     }
     // Step 4 (main): nF0B1F1B0.
     for i in 0..half_chunks + half_rank + 1 - pp {
         if i == 0 && middle {
             // The reference does not overlap these two chunks on the middle ranks.
-            push(true, 0, false);
-            push(false, 1, false);
+            push(fwd, 0, false);
+            push(whole, 1, false);
         } else {
-            push(true, 0, true);
-            push(false, 1, false);
+            push(fwd, 0, true);
+            push(whole, 1, false);
         }
-        push(true, 1, true);
-        push(false, 0, false);
+        push(fwd, 1, true);
+        push(whole, 0, false);
     }
     // Step 5: nB1F1B0.
     for _ in 0..half_ranks - half_rank - 1 {
-        push(false, 1, false);
-        push(true, 1, true);
-        push(false, 0, false);
+        push(whole, 1, false);
+        push(fwd, 1, true);
+        push(whole, 0, false);
     }
-    // Step 6: nB1B0.
-    for _ in 0..half_rank + 1 {
-        push(false, 1, false);
-        push(false, 0, false);
+    // Step 6: nB1B0, the second half of these backward chunks with the split (from the
+    // middle pair on: before its B1 when `half_rank` is odd, before its B0 when even).
+    let step_6 = half_rank + 1;
+    let mut enable = false;
+    for i in 0..step_6 {
+        if i == step_6 / 2 && !half_rank.is_multiple_of(2) {
+            enable = zb;
+        }
+        push(Local::Backward(enable), 1, false);
+        if i == step_6 / 2 && half_rank.is_multiple_of(2) {
+            enable = zb;
+        }
+        push(Local::Backward(enable), 0, false);
     }
     // Step 7: nWB0.
     for _ in 0..half_ranks - half_rank - 1 {
-        push(false, 0, false);
+        if zb {
+            push(Local::Weight, 0, false);
+        }
+        push(split, 0, false);
+    }
+    // Step 8: nW, draining the queue.
+    if zb {
+        for _ in 0..half_rank + 1 {
+            push(Local::Weight, 0, false);
+        }
     }
     // Local phase -> chunk (direction: phase ^ second half); micro-batches numbered per
-    // direction, first in first out.
+    // direction, first in first out; weight gradients popped first in, first out.
     let mut next = [[0u32; 2]; 2]; // [forward?][chunk]
-    let ids: Vec<(bool, (u32, u32), bool)> = order
+    let mut queue = std::collections::VecDeque::new();
+    let ids: Vec<(Local, (u32, u32), bool)> = order
         .iter()
-        .map(|&(forward, phase, paired)| {
+        .map(|&(what, phase, paired)| {
+            if what == Local::Weight {
+                let id = queue
+                    .pop_front()
+                    .expect("a deferred weight gradient to run");
+                return (what, id, paired);
+            }
             let c = phase ^ second_half;
-            let n = &mut next[forward as usize][c as usize];
+            let n = &mut next[(what == Local::Forward) as usize][c as usize];
             let mb = c * half_chunks + *n;
             *n += 1;
-            (forward, (mb, c), paired)
+            if what == Local::Backward(true) {
+                queue.push_back((mb, c));
+            }
+            (what, (mb, c), paired)
         })
         .collect();
-    let mut out = Vec::with_capacity(2 * m as usize);
+    debug_assert!(queue.is_empty(), "every deferred weight gradient runs");
+    let mut out = Vec::with_capacity(ids.len());
     let mut k = 0;
     while k < ids.len() {
-        let (forward, step, paired) = ids[k];
+        let (what, (mb, c), paired) = ids[k];
         if paired && k + 1 < ids.len() {
-            out.push(PipeStep::ForwardBackward(step, ids[k + 1].1));
+            out.push(PipeStep::ForwardBackward((mb, c), ids[k + 1].1));
             k += 2;
-        } else {
-            out.push(if forward {
-                PipeStep::Forward(step.0, step.1)
-            } else {
-                PipeStep::Backward(step.0, step.1)
-            });
-            k += 1;
+            continue;
         }
+        out.push(match what {
+            Local::Forward => PipeStep::Forward(mb, c),
+            Local::Backward(false) => PipeStep::Backward(mb, c),
+            Local::Backward(true) => PipeStep::BackwardInput(mb, c),
+            Local::Weight => PipeStep::Weight(mb, c),
+        });
+        k += 1;
     }
     out
 }
@@ -197,11 +277,48 @@ pub fn pipe_steps(kind: Schedule, stage: u32, p: u32, m: u32) -> Option<Vec<Pipe
     }
 }
 
-/// DualPipe's pipeline bubble per rank (DeepSeek-V3 report, Table 2):
+/// DualPipe's pipeline bubble per rank as the DeepSeek-V3 report gives it (Table 2):
 /// `(PP/2 - 1)(F&B + B - 3W)`, with `F&B` the time of an overlapped forward and backward
-/// chunk, `B` a backward chunk and `W` its weight-gradient part.
+/// chunk, `B` a (full, per the reference's README) backward chunk and `W` its
+/// weight-gradient part. The schedule's exact bubble is [`dualpipe_bubble_exact`].
 pub fn dualpipe_bubble(pp: u32, f_and_b: f64, b: f64, w: f64) -> f64 {
     (pp as f64 / 2.0 - 1.0) * (f_and_b + b - 3.0 * w)
+}
+
+/// The exact pipeline bubble of [`dualpipe_steps`] per rank, `T - m (F + B + W)` (`T` the
+/// iteration's makespan), on `pp` ranks whose chunks all take `F` forward, `B` for the input
+/// gradient and `W` for the weight gradient, with communication free and an overlapped pair
+/// running as its forward then its backward (so `F&B = F + B + W`, the forward's output
+/// leaving after `F`), for every even `m >= 2 pp`:
+///
+/// `n max(B - W, 0) + max(2n F, (n - 1) F + n B)`, with `n = PP/2 - 1`.
+///
+/// Every rank does the same work, so every rank idles this long. With `W = 0` and `B` the
+/// whole backward it is the bubble of [`dualpipe_steps_whole`].
+///
+/// Derivation: the makespan of a fixed schedule with fixed step times is a max-plus
+/// expression of the step times, so the bubble is a maximum of linear forms in `F`, `B`, `W`
+/// (homogeneous: scaling all times scales it). Evaluating the schedule's recurrence exactly
+/// (rational arithmetic) and differentiating at random points enumerates its linear pieces:
+/// for `pp` = 4, 6, 8 and 16 and `m` = `2 pp`, `2 pp + 2`, `4 pp` there are the same four,
+/// `2nF + n(B - W)`, `2nF`, `(n - 1)F + 2nB - nW` and `(n - 1)F + nB` (none depends on `m`:
+/// the main phase adds the same work to every rank), which is the form above. The test
+/// `dualpipe_bubble_exact_matches_the_schedule` re-checks it against a max-plus evaluation
+/// of the steps; `crates/prism-core/tests/models.rs` against the engine.
+///
+/// Against the report's `(PP/2 - 1)(F&B + B' - 3W)` ([`dualpipe_bubble`], `B'` the full
+/// backward `B + W` as the reference's README defines it, `F&B = F + B + W`), which is
+/// `n (F + 2B - W)`: where `B >= W` and `n B >= (n + 1) F` the exact bubble is one forward
+/// chunk less, `n (F + 2B - W) - F` (`F` enters with coefficient `PP/2 - 2`, not
+/// `PP/2 - 1`). Past `W = B` a longer weight gradient no longer shortens the bubble (the
+/// `n max(B - W, 0)` term), and where `n B < (n + 1) F` the `2n F` piece is the larger; in
+/// both cases the report's form can fall below the schedule's bubble.
+pub fn dualpipe_bubble_exact(pp: u32, f: f64, b: f64, w: f64) -> f64 {
+    let n = pp as f64 / 2.0 - 1.0;
+    if n <= 0.0 {
+        return 0.0;
+    }
+    n * (b - w).max(0.0) + (2.0 * n * f).max((n - 1.0) * f + n * b)
 }
 
 /// 1F1B's pipeline bubble per rank: `(PP - 1)(F + B)`.
@@ -221,11 +338,12 @@ mod tests {
         for s in steps {
             match *s {
                 PipeStep::Forward(m, c) => f.push((m, c)),
-                PipeStep::Backward(m, c) => b.push((m, c)),
+                PipeStep::Backward(m, c) | PipeStep::BackwardInput(m, c) => b.push((m, c)),
                 PipeStep::ForwardBackward(x, y) => {
                     f.push(x);
                     b.push(y);
                 }
+                PipeStep::Weight(..) => {}
             }
         }
         (f, b)
@@ -258,6 +376,214 @@ mod tests {
                         (0..m).map(|mb| (mb, (mb >= m / 2) as u32)).collect();
                     assert_eq!(f, want, "pp {pp} m {m} r {r}");
                     assert_eq!(b, want, "pp {pp} m {m} r {r}");
+                }
+            }
+        }
+    }
+
+    /// Truth: the reference's zero-bubble bookkeeping (`dualpipe.py`): on rank `r` with
+    /// `h = min(r, pp - 1 - r)` and `n = pp/2 - 1`, step 3 and step 7 split `n - h` backward
+    /// chunks each and step 6 the second half, `h + 1`, of its `2 (h + 1)`; the weight
+    /// queue is first in, first out, so each `Weight` follows its own `BackwardInput` and
+    /// they run in the same order. Without the split the steps are the same with every
+    /// backward whole.
+    #[test]
+    fn dualpipe_zero_bubble_split_follows_the_reference() {
+        for pp in [2u32, 4, 6, 8, 16] {
+            for m in [2 * pp, 2 * pp + 2, 4 * pp] {
+                for r in 0..pp {
+                    let h = r.min(pp - 1 - r);
+                    let n = pp / 2 - 1;
+                    let steps = dualpipe_steps(r, pp, m);
+                    let input: Ids = (steps.iter())
+                        .filter_map(|s| match *s {
+                            PipeStep::BackwardInput(a, c) => Some((a, c)),
+                            _ => None,
+                        })
+                        .collect();
+                    let weight: Ids = (steps.iter())
+                        .filter_map(|s| match *s {
+                            PipeStep::Weight(a, c) => Some((a, c)),
+                            _ => None,
+                        })
+                        .collect();
+                    assert_eq!(input.len() as u32, 2 * (n - h) + h + 1, "pp {pp} r {r}");
+                    assert_eq!(input, weight, "FIFO, pp {pp} m {m} r {r}");
+                    for (i, st) in steps.iter().enumerate() {
+                        if let PipeStep::Weight(a, c) = *st {
+                            let b = steps
+                                .iter()
+                                .position(|x| *x == PipeStep::BackwardInput(a, c));
+                            assert!(b.is_some_and(|b| b < i), "pp {pp} m {m} r {r}");
+                        }
+                    }
+                    let folded: Vec<PipeStep> = (steps.iter())
+                        .filter_map(|s| match *s {
+                            PipeStep::BackwardInput(a, c) => Some(PipeStep::Backward(a, c)),
+                            PipeStep::Weight(..) => None,
+                            s => Some(s),
+                        })
+                        .collect();
+                    assert_eq!(
+                        folded,
+                        dualpipe_steps_whole(r, pp, m),
+                        "pp {pp} m {m} r {r}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Truth: holding a split backward's micro-batch until its deferred weight gradient runs
+    /// (the activations the weight-gradient GEMMs read) does not raise the peak number of
+    /// micro-batches a rank holds: the weight gradients of step 3 run right after their
+    /// backward, the others in the cool-down, after the peak. (So the memory model, which
+    /// frees a micro-batch at its input-gradient step, keeps DualPipe's `PP + 1` peak.)
+    #[test]
+    fn zero_bubble_split_keeps_the_activation_peak() {
+        for pp in [2u32, 4, 6, 8, 16] {
+            for m in [2 * pp, 2 * pp + 2, 4 * pp] {
+                for r in 0..pp {
+                    let peak = |free_at_weight: bool| {
+                        let (mut live, mut best) = (0i64, 0i64);
+                        for st in dualpipe_steps(r, pp, m) {
+                            match st {
+                                PipeStep::Forward(..) => live += 1,
+                                PipeStep::ForwardBackward(..) => {
+                                    best = best.max(live + 1);
+                                }
+                                PipeStep::Backward(..) => live -= 1,
+                                PipeStep::BackwardInput(..) => live -= !free_at_weight as i64,
+                                PipeStep::Weight(..) => live -= free_at_weight as i64,
+                            }
+                            best = best.max(live);
+                        }
+                        assert_eq!(live, 0);
+                        best
+                    };
+                    assert_eq!(peak(true), peak(false), "pp {pp} m {m} r {r}");
+                }
+            }
+        }
+    }
+
+    /// Max-plus evaluation of DualPipe's steps (no graph, no engine): each rank runs its
+    /// steps in order; a forward waits for the same micro-batch's forward upstream (in its
+    /// direction), a backward for the backward downstream; `F`, `B` (input gradient), `W`
+    /// (weight gradient), a whole backward `B + W`, a pair `F` then the backward (the
+    /// forward's output leaving after `F`); communication free. Returns the bubble
+    /// `T - m (F + B + W)`. Integer times, so the result is exact.
+    fn max_plus_bubble(pp: u32, m: u32, f: i64, b: i64, w: i64, zb: bool) -> i64 {
+        let steps: Vec<Vec<PipeStep>> = (0..pp)
+            .map(|r| {
+                if zb {
+                    dualpipe_steps(r, pp, m)
+                } else {
+                    dualpipe_steps_whole(r, pp, m)
+                }
+            })
+            .collect();
+        // Neighbour a message of direction `c` comes from (forward) / goes to.
+        let up = |r: u32, c: u32| -> Option<u32> {
+            if c == 0 {
+                r.checked_sub(1)
+            } else {
+                (r + 1 < pp).then_some(r + 1)
+            }
+        };
+        let down = |r: u32, c: u32| -> Option<u32> {
+            if c == 0 {
+                (r + 1 < pp).then_some(r + 1)
+            } else {
+                r.checked_sub(1)
+            }
+        };
+        let mut done = std::collections::BTreeMap::new(); // (forward, mb, rank) -> ready
+        let (mut pc, mut t) = (vec![0usize; pp as usize], vec![0i64; pp as usize]);
+        let mut progress = true;
+        while progress {
+            progress = false;
+            for r in 0..pp {
+                let ri = r as usize;
+                while let Some(&st) = steps[ri].get(pc[ri]) {
+                    let (fw, bw) = match st {
+                        PipeStep::Forward(a, c) => (Some((a, c)), None),
+                        PipeStep::Backward(a, c) | PipeStep::BackwardInput(a, c) => {
+                            (None, Some((a, c)))
+                        }
+                        PipeStep::ForwardBackward(x, y) => (Some(x), Some(y)),
+                        PipeStep::Weight(..) => (None, None),
+                    };
+                    let mut deps = Vec::new();
+                    if let Some((a, c)) = fw {
+                        deps.extend(up(r, c).map(|u| (true, a, u)));
+                    }
+                    if let Some((a, c)) = bw {
+                        deps.extend(down(r, c).map(|d| (false, a, d)));
+                    }
+                    if deps.iter().any(|d| !done.contains_key(d)) {
+                        break;
+                    }
+                    let start = deps.iter().map(|d| done[d]).fold(t[ri], i64::max);
+                    let mut now = start;
+                    if let Some((a, _)) = fw {
+                        now += f;
+                        done.insert((true, a, r), now);
+                    }
+                    now += match st {
+                        PipeStep::Backward(..) | PipeStep::ForwardBackward(..) => b + w,
+                        PipeStep::BackwardInput(..) => b,
+                        PipeStep::Weight(..) => w,
+                        PipeStep::Forward(..) => 0,
+                    };
+                    if let Some((a, _)) = bw {
+                        done.insert((false, a, r), now);
+                    }
+                    t[ri] = now;
+                    pc[ri] += 1;
+                    progress = true;
+                }
+            }
+        }
+        assert!(
+            (0..pp as usize).all(|r| pc[r] == steps[r].len()),
+            "deadlock"
+        );
+        t.iter().max().unwrap() - m as i64 * (f + b + w)
+    }
+
+    /// Truth: a max-plus evaluation of the schedule ([`max_plus_bubble`]) gives
+    /// [`dualpipe_bubble_exact`] for every rank count, micro-batch count and step times
+    /// tried (all four regimes of the form: `B` above and below `W`, forwards short and
+    /// long), with and without the split; and the report's form is the exact one plus one
+    /// forward chunk where `B >= W` and `n B >= (n + 1) F`.
+    #[test]
+    fn dualpipe_bubble_exact_matches_the_schedule() {
+        let times = [
+            (10i64, 20, 0),
+            (10, 15, 5),
+            (10, 10, 10),
+            (30, 50, 20),
+            (20, 10, 10),
+            (10, 5, 15),
+            (7, 30, 11),
+        ];
+        for pp in [2u32, 4, 6, 8, 10, 16] {
+            for m in [2 * pp, 2 * pp + 2, 3 * pp + (3 * pp) % 2] {
+                for &(f, b, w) in &times {
+                    let n = (pp / 2 - 1) as i64;
+                    let exact = dualpipe_bubble_exact(pp, f as f64, b as f64, w as f64);
+                    let got = max_plus_bubble(pp, m, f, b, w, true);
+                    assert_eq!(got as f64, exact, "pp {pp} m {m} F {f} B {b} W {w}");
+                    // Whole backwards: the same form with W folded into B.
+                    let whole = max_plus_bubble(pp, m, f, b + w, 0, false);
+                    let exact_whole = dualpipe_bubble_exact(pp, f as f64, (b + w) as f64, 0.0);
+                    assert_eq!(whole as f64, exact_whole, "whole pp {pp} m {m}");
+                    if pp > 2 && b >= w && n * b >= (n + 1) * f {
+                        let paper =
+                            dualpipe_bubble(pp, (f + b + w) as f64, (b + w) as f64, w as f64);
+                        assert_eq!(paper - exact, f as f64, "pp {pp} F {f} B {b} W {w}");
+                    }
                 }
             }
         }

@@ -1391,6 +1391,7 @@ fn schedules_per_micro_batch_and_stage_symmetry() {
                         Phase::Backward => 1,
                         Phase::Recompute => 2,
                         Phase::Optimizer => 3,
+                        Phase::Weight => 4,
                     };
                     *counts.entry((ph, tag.micro_batch)).or_default() += 1;
                 }

@@ -342,11 +342,27 @@ fn pipe_job(pp: u32, m: u32, schedule: prism_core::job::Schedule) -> Job {
 #[test]
 fn overlapping_schedules_reduced_and_slice_equal_full() {
     use prism_core::job::Schedule;
+    // DualPipe with its weight gradients deferred through every path: tensor parallel with
+    // sequence parallelism (gathered weight gradients), with TP overlap, with ZeRO-3, with MTP.
+    let variants = [(2, false, 1), (2, true, 1), (2, false, 3)].map(|(tp, overlap, zero)| {
+        let mut job = small_deepseek_job(4, tp, 4, 8 * 16 / tp, 2);
+        job.parallel.schedule = Schedule::DualPipe;
+        job.parallel.tp_comm_overlap = overlap;
+        job.parallel.set_zero_stage(zero);
+        job.model.arch.mtp_depth = 1;
+        if zero == 3 {
+            job.model.arch.mtp_depth = 0;
+        }
+        valid(job)
+    });
     for job in [
         pipe_job(4, 8, Schedule::DualPipe),
         pipe_job(2, 4, Schedule::DualPipe),
         pipe_job(1, 8, Schedule::OneFOneBOverlap),
-    ] {
+    ]
+    .into_iter()
+    .chain(variants)
+    {
         let full = simulate(&job, &SimOptions::default()).unwrap();
         let red = simulate(
             &job,
@@ -405,8 +421,10 @@ fn phase_time(
 /// The iteration time of a pipeline schedule evaluated step by step (a second method: no
 /// graph, no engine): each rank runs its steps in order, a forward after the same
 /// micro-batch's forward on the upstream rank, a backward after its own forward and the
-/// downstream rank's backward; step costs are the kernels' modelled times; communication is
-/// free; the optimizer step follows the last backward. An overlapped forward-backward pair
+/// downstream rank's backward, an overlapped pair after both its inputs; step costs are the kernels' modelled times; communication is
+/// free; the optimizer step follows the last backward. A split backward's deferred weight
+/// gradient (`PipeStep::Weight`) runs where the schedule puts it, after nothing but the rank's
+/// previous step. An overlapped forward-backward pair
 /// runs as its forward then its backward; with `pair_end` its forward's output counts as
 /// ready only when the whole pair is done (the overlapped kernels interleave, so the
 /// forward's last kernel ends between the two bounds).
@@ -418,8 +436,35 @@ fn step_timeline(job: &Job, pair_end: bool) -> f64 {
     let pp = job.parallel.pp;
     let m = job.micro_batches() as u32;
     let dual = job.parallel.schedule == prism_core::job::Schedule::DualPipe;
-    let steps: Vec<Vec<_>> = (0..pp)
-        .map(|r| schedule(job.parallel.schedule, r, pp, m, 1))
+    use prism_core::schedules::{PipeStep, pipe_steps};
+    // (phase, micro-batch, chunk) per rank, in order.
+    let steps: Vec<Vec<(Phase, u32, u32)>> = (0..pp)
+        .map(|r| match pipe_steps(job.parallel.schedule, r, pp, m) {
+            Some(steps) => steps
+                .into_iter()
+                .flat_map(|st| match st {
+                    PipeStep::Forward(a, c) => vec![(Phase::Forward, a, c)],
+                    PipeStep::Backward(a, c) | PipeStep::BackwardInput(a, c) => {
+                        vec![(Phase::Backward, a, c)]
+                    }
+                    PipeStep::Weight(a, c) => vec![(Phase::Weight, a, c)],
+                    PipeStep::ForwardBackward(f, b) => {
+                        vec![(Phase::Forward, f.0, f.1), (Phase::Backward, b.0, b.1)]
+                    }
+                })
+                .collect(),
+            None => schedule(job.parallel.schedule, r, pp, m, 1)
+                .into_iter()
+                .map(|s| {
+                    let ph = if s.forward {
+                        Phase::Forward
+                    } else {
+                        Phase::Backward
+                    };
+                    (ph, s.micro_batch, s.chunk)
+                })
+                .collect(),
+        })
         .collect();
     // Forwards overlapped with the backward after them: (rank, micro-batch, chunk).
     let mut paired = std::collections::BTreeSet::new();
@@ -455,30 +500,36 @@ fn step_timeline(job: &Job, pair_end: bool) -> f64 {
     while progress {
         progress = false;
         for r in 0..pp {
-            while let Some(st) = steps[r as usize].get(pc[r as usize]) {
-                let (mb, c) = (st.micro_batch, st.chunk);
-                let deps: Vec<(bool, u32, u32)> = if st.forward {
-                    up(r, c).map(|u| (true, mb, u)).into_iter().collect()
-                } else {
-                    std::iter::once((true, mb, r))
+            while let Some(&(phase, mb, c)) = steps[r as usize].get(pc[r as usize]) {
+                let forward = phase == Phase::Forward;
+                let mut deps: Vec<(bool, u32, u32)> = match phase {
+                    Phase::Forward => up(r, c).map(|u| (true, mb, u)).into_iter().collect(),
+                    Phase::Weight => Vec::new(),
+                    _ => std::iter::once((true, mb, r))
                         .chain(down(r, c).map(|d| (false, mb, d)))
-                        .collect()
+                        .collect(),
                 };
+                if forward && paired.contains(&(r, mb, c)) {
+                    // A pair starts once both its inputs are received (DualPipe's
+                    // `_forward_backward_chunk`): also the partner backward's gradient.
+                    let (_, bmb, bc) = steps[r as usize][pc[r as usize] + 1];
+                    deps.extend(down(r, bc).map(|d| (false, bmb, d)));
+                }
                 if deps.iter().any(|d| !done.contains_key(d)) {
                     break;
                 }
                 let start = deps.iter().map(|d| done[d]).fold(t[r as usize], f64::max);
-                let phase = if st.forward {
-                    Phase::Forward
-                } else {
-                    Phase::Backward
-                };
                 t[r as usize] = start + phase_time(&g, &cm, r, phase, mb);
-                done.insert((st.forward, mb, r), t[r as usize]);
+                if phase == Phase::Weight {
+                    pc[r as usize] += 1;
+                    progress = true;
+                    continue;
+                }
+                done.insert((forward, mb, r), t[r as usize]);
                 if pair_end {
-                    if st.forward && paired.contains(&(r, mb, c)) {
+                    if forward && paired.contains(&(r, mb, c)) {
                         pending = Some((mb, r));
-                    } else if !st.forward
+                    } else if !forward
                         && let Some((fmb, fr)) = pending.take()
                         && fr == r
                     {
@@ -500,7 +551,8 @@ fn step_timeline(job: &Job, pair_end: bool) -> f64 {
 }
 
 /// Forward and backward compute time of one chunk of micro-batch `mb` on pipeline stage
-/// `stage` (sum of its kernels' modelled durations).
+/// `stage` (sum of its kernels' modelled durations; a split backward's deferred weight
+/// gradients included).
 fn chunk_times(job: &Job, stage: u32, mb: u32) -> (f64, f64) {
     use prism_core::cost::compute::{ComputeModel, ComputeParams};
     use prism_core::graph::Phase;
@@ -514,7 +566,7 @@ fn chunk_times(job: &Job, stage: u32, mb: u32) -> (f64, f64) {
         {
             match p.tag[i].phase {
                 Phase::Forward => f += cm.time_ps(op) as f64 * 1e-12,
-                Phase::Backward => b += cm.time_ps(op) as f64 * 1e-12,
+                Phase::Backward | Phase::Weight => b += cm.time_ps(op) as f64 * 1e-12,
                 _ => {}
             }
         }
@@ -566,6 +618,121 @@ fn bubbles_match_the_step_timeline() {
         );
         if schedule == Schedule::DualPipe {
             assert!(bubble < one_f_one_b_bubble(pp, f, b));
+        }
+    }
+}
+
+/// Truth: DualPipe's bubble in the engine equals the exact closed form of its schedule
+/// (`schedules::dualpipe_bubble_exact`, derived and checked against a max-plus evaluation of
+/// the steps in `schedules.rs`, with and without the split), at PP = 2, 4, 8, 16, for the
+/// schedule with its zero-bubble split (the engine has no switch to run it whole).
+/// The job makes every chunk alike: one MoE/MLA layer per chunk, communication free, the
+/// embedding, head and loss kernels costed 1 ps (a kernel table row of 0 s, no launch
+/// overhead), no MTP. `F`, `B` (input gradient) and `W` (deferred weight gradient) are the
+/// modelled kernel times of one split chunk on a middle rank (picoseconds, as the engine
+/// adds them). The bubble is an end rank's idle time (`breakdown.bubble_s`: iteration time
+/// less its kernel time; the end ranks finish last). Also records the report's
+/// `(PP/2 - 1)(F&B + B' - 3W)` (`F&B = F + B + W`, `B'` = `B + W` the full backward), which
+/// is one `F` more where `B >= W` and `(PP/2 - 1) B >= (PP/2) F` (PP = 8, 16 here).
+#[test]
+fn dualpipe_bubble_equals_the_exact_closed_form() {
+    use prism_core::cost::compute::{ComputeModel, ComputeParams, KernelTable, shape_key};
+    use prism_core::graph::Phase;
+    use prism_core::job::Schedule;
+    use prism_core::schedules::{dualpipe_bubble, dualpipe_bubble_exact};
+    const EXTRAS: [&str; 9] = [
+        "embedding_fwd",
+        "embedding_bwd",
+        "final_norm_fwd",
+        "final_norm_bwd",
+        "lm_head_fwd",
+        "lm_head_dgrad",
+        "lm_head_wgrad",
+        "loss_fwd",
+        "loss_bwd",
+    ];
+    for pp in [2u32, 4, 8, 16] {
+        let m = 2 * pp + 2;
+        let mut job = pipe_job(pp, m, Schedule::DualPipe);
+        job.model.vocab = 8;
+        job.model.arch.mtp_depth = 0;
+        let job = valid(job);
+        let g = ExecutionGraph::build(&job);
+        let mut table = KernelTable::new();
+        for p in &g.programs {
+            for k in &p.kind {
+                if let OpKind::Compute(op) = k
+                    && EXTRAS.contains(&op.name)
+                {
+                    table.insert(op.name, &shape_key(&op.work), "bf16", 0.0);
+                }
+            }
+        }
+        let params = ComputeParams {
+            launch_overhead_s: 0.0,
+            ..ComputeParams::for_gpu(&job.cluster.gpu)
+        };
+        let cm = ComputeModel::new(&job, params.clone(), Some(table.clone()));
+        // One split chunk (the last of direction 0) on a middle rank.
+        let (mid, mb) = (pp / 2 - 1, m / 2 - 1);
+        let p = &g.programs[mid as usize];
+        let mut fbw = [0u64; 3];
+        for (i, k) in p.kind.iter().enumerate() {
+            if let OpKind::Compute(op) = k
+                && p.tag[i].micro_batch == mb
+            {
+                let slot = match p.tag[i].phase {
+                    Phase::Forward => 0,
+                    Phase::Backward => 1,
+                    Phase::Weight => 2,
+                    ph => panic!("unexpected {ph:?} kernel {}", op.name),
+                };
+                fbw[slot] += cm.time_ps(op);
+            }
+        }
+        let [f, b, w] = fbw.map(|x| x as f64 * 1e-12);
+        assert!(w > 0.0 && b > w, "pp {pp}: B {b} W {w}");
+        let opts = SimOptions {
+            ideal_network: true,
+            compute: Some(params),
+            kernel_table: Some(table),
+            ..SimOptions::default()
+        };
+        let split = simulate(&job, &opts).unwrap();
+        let exact = dualpipe_bubble_exact(pp, f, b, w);
+        let exact_whole = dualpipe_bubble_exact(pp, f, b + w, 0.0);
+        let paper = dualpipe_bubble(pp, f + b + w, b + w, w);
+        let bubble = split.ranks[0].breakdown.bubble_s;
+        let idle = split.summary.iteration_time_s - split.ranks[0].compute_s;
+        assert!(
+            (bubble - idle).abs() < 1e-12,
+            "pp {pp}: idle only (communication free)"
+        );
+        eprintln!(
+            "[DualPipe pp {pp} m {m}] F {:.1} us, B {:.1} us, W {:.1} us; bubble: engine {:.3} us, \
+             exact {:.3} us, paper {:.3} us; in (F + B + W): engine {:.4}, exact {:.4}, \
+             paper {:.4}, exact without the split {:.4}",
+            f * 1e6,
+            b * 1e6,
+            w * 1e6,
+            bubble * 1e6,
+            exact * 1e6,
+            paper * 1e6,
+            bubble / (f + b + w),
+            exact / (f + b + w),
+            paper / (f + b + w),
+            exact_whole / (f + b + w),
+        );
+        // Within 1 ns (the 1 ps extras and rounding) of the exact form.
+        assert!(
+            (bubble - exact).abs() < 1e-9,
+            "pp {pp}: {bubble} vs {exact}"
+        );
+        // Where the input gradient is the longest step the report's form is one forward
+        // chunk more; at PP = 4 here `B < 2F` and the warm-up's `2F` sets the bubble.
+        let n = pp as f64 / 2.0 - 1.0;
+        if pp > 2 && b >= w && n * b >= (n + 1.0) * f {
+            assert!((paper - exact - f).abs() < 1e-9, "pp {pp}: paper {paper}");
         }
     }
 }

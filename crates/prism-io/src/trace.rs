@@ -64,6 +64,7 @@ pub fn phase_name(phase: Phase) -> &'static str {
         Phase::Backward => "backward",
         Phase::Recompute => "recompute",
         Phase::Optimizer => "optimizer",
+        Phase::Weight => "weight",
     }
 }
 
