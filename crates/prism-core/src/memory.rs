@@ -160,10 +160,12 @@ pub fn layer_params(job: &Job) -> StageParams {
         ..job.clone()
     };
     // A one-stage job holds every layer plus the embedding, final norm and LM head; the
-    // per-layer share is the difference of two layer counts.
+    // per-layer share is the difference of two layer counts. Multi-token-prediction modules
+    // are left out: their block follows the last layer's kind, which differs between the two.
     let with = |layers: u32| {
         let mut j = one.clone();
         j.model.layers = layers;
+        j.model.arch.mtp_depth = 0;
         j.parallel.pipeline_layout = None;
         j.parallel.first_stage_layers = None;
         j.parallel.last_stage_layers = None;

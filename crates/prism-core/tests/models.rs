@@ -350,9 +350,6 @@ fn overlapping_schedules_reduced_and_slice_equal_full() {
         job.parallel.tp_comm_overlap = overlap;
         job.parallel.set_zero_stage(zero);
         job.model.arch.mtp_depth = 1;
-        if zero == 3 {
-            job.model.arch.mtp_depth = 0;
-        }
         valid(job)
     });
     for job in [
