@@ -254,10 +254,10 @@ fn fused_attention_matches_the_calibrated_model() {
         print_stats(&format!("{kind} {variant}"), e);
     }
     // Megatron-Core runs cuDNN's fused attention (through Transformer Engine): that is what
-    // the calibrated ceilings describe. The forward agrees within 20% on every shape; the
-    // backward ceiling fitted on 2024 runs is up to 45% slower than cuDNN 9.19 on this H100
-    // (docs/calibration.md), and never more than 10% faster.
-    for (kind, worst_fast, worst_slow) in [("attn_fwd", -0.20, 0.20), ("attn_bwd", -0.10, 0.45)] {
+    // the calibrated ceilings describe. The forward agrees within 25% on every shape; the
+    // backward ceiling fitted on published runs is up to 45% slower than cuDNN 9.19 on this
+    // H100 (docs/calibration.md), and never more than 20% faster.
+    for (kind, worst_fast, worst_slow) in [("attn_fwd", -0.25, 0.25), ("attn_bwd", -0.20, 0.45)] {
         let e = &by[&(kind.to_string(), "cudnn".to_string())];
         assert!(e.len() >= 10);
         for &x in e {
@@ -277,7 +277,7 @@ fn memory_bound_kernels_stream_at_the_calibrated_bandwidth() {
     let job = step_job();
     let m = model(&job, Precision::Bf16);
     println!("\nH100 memory-bound kernels vs model (bytes read + written)");
-    let mut copy_err = None;
+    let mut errs = std::collections::BTreeMap::new();
     for r in rows().iter().filter(|r| r.kind == "mem") {
         let bytes = r.bytes.unwrap();
         let class = match r.variant.as_str() {
@@ -295,13 +295,18 @@ fn memory_bound_kernels_stream_at_the_calibrated_bandwidth() {
             p,
             100.0 * err(p, r.us)
         );
-        if r.variant == "copy" {
-            copy_err = Some(err(p, r.us));
-        }
+        errs.insert(r.variant.clone(), err(p, r.us));
     }
-    // A device-to-device copy is the bandwidth roof every memory-bound kernel is priced at.
-    let e = copy_err.expect("a copy row");
-    assert!(e.abs() < 0.10, "copy: {e:+.3}");
+    // Elementwise kernels are priced at the fitted `mem_eff`, below what a copy or an add
+    // reaches on this GPU (docs/calibration.md: the published runs still want memory-bound
+    // time the graph does not hold): never faster than measured, within 25%.
+    for k in ["copy", "add"] {
+        assert!(errs[k] > 0.0 && errs[k] < 0.25, "{k}: {:+.3}", errs[k]);
+    }
+    // Norm and softmax bandwidth are these measurements.
+    for k in ["rmsnorm", "softmax"] {
+        assert!(errs[k].abs() < 0.02, "{k}: {:+.3}", errs[k]);
+    }
 }
 
 #[test]

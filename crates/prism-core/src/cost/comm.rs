@@ -119,12 +119,12 @@ impl CommParams {
     /// A100 (DGX A100: NVLink 3 + NVSwitch, HDR InfiniBand).
     pub fn a100() -> Self {
         // Fitted on the published A100 runs with NCCL's tuning model (docs/calibration.md,
-        // "Refit with NCCL's tuning model").
+        // "Refit with the loss and gradient accumulation (2026-11-25)").
         CommParams {
-            nvlink_efficiency: 0.909,
+            nvlink_efficiency: 0.725,
             nic_efficiency: 0.950,
             launch_us: 10.0,
-            latency_scale: 0.514,
+            latency_scale: 0.558,
         }
     }
 
@@ -133,10 +133,10 @@ impl CommParams {
         // Fitted on the published H100 runs with NCCL's tuning model (docs/calibration.md,
         // "Refit with the loss and gradient accumulation (2026-11-25)").
         CommParams {
-            nvlink_efficiency: 0.905,
-            nic_efficiency: 0.948,
+            nvlink_efficiency: 0.940,
+            nic_efficiency: 0.950,
             launch_us: 10.0,
-            latency_scale: 0.115,
+            latency_scale: 0.0635,
         }
     }
 }
