@@ -24,7 +24,6 @@ Every timing runs on random data (never zeros) after warm-up.
 
 import gzip
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -32,6 +31,8 @@ import sys
 import time
 
 import torch
+
+from timing import timed
 import torch.nn.functional as F
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "out"
@@ -47,24 +48,6 @@ FIELDS = [
 
 def log(*a):
     print(*a, flush=True)
-
-
-def timed(fn, reps=10, loops=5, warmup=3):
-    """Median over `loops` of the mean GPU time of `reps` back-to-back calls, microseconds."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    res = []
-    for _ in range(loops):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize()
-        res.append(s.elapsed_time(e) * 1e3 / reps)
-    return statistics.median(res)
 
 
 def row(kind, variant, us, **kw):

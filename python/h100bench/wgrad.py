@@ -10,31 +10,15 @@ accumulation) or `fp32_accum` (FP32 output accumulated into an existing FP32 gra
 """
 
 import os
-import statistics
 import sys
 
 import torch
 
+from timing import timed
+
 OUT = sys.argv[1] if len(sys.argv) > 1 else "out"
 os.makedirs(OUT, exist_ok=True)
 DEV = torch.device("cuda")
-
-
-def timed(fn, reps=10, loops=5, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    res = []
-    for _ in range(loops):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize()
-        res.append(s.elapsed_time(e) * 1e3 / reps)
-    return statistics.median(res)
 
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1280, 8192), (8192, 1024),

@@ -1846,20 +1846,26 @@ impl<'a> StageBuilder<'a> {
             let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
             for layer in layers {
                 if let Some(&op) = last_of_layer.get(&layer) {
-                    let (dense, expert) = self.layer_param_split(layer);
-                    let bytes = self.grad_bytes();
-                    let optag = Self::tag(Phase::Optimizer, mb, layer);
-                    self.data_parallel(
-                        Collective::ReduceScatter,
-                        dense,
-                        expert,
-                        bytes,
-                        optag,
-                        &[op],
-                    );
+                    self.zero3_reduce_scatter(mb, layer, op);
                 }
             }
         }
+    }
+
+    /// ZeRO-3: micro-batch `mb`'s gradients of `layer` are reduce-scattered as soon as its
+    /// weight gradients exist (`after`, the last of them).
+    fn zero3_reduce_scatter(&mut self, mb: u32, layer: u32, after: u32) {
+        let (dense, expert) = self.layer_param_split(layer);
+        let bytes = self.grad_bytes();
+        let optag = Self::tag(Phase::Optimizer, mb, layer);
+        self.data_parallel(
+            Collective::ReduceScatter,
+            dense,
+            expert,
+            bytes,
+            optag,
+            &[after],
+        );
     }
 
     /// Posts the receive of `(mb, chunk)`'s output gradient ahead of its backward (kept in
@@ -1914,19 +1920,7 @@ impl<'a> StageBuilder<'a> {
             }
             // (With the split, the weight step reduces the layer's gradients.)
             if self.job.parallel.shards_params() && !self.defer_w {
-                // ZeRO-3: this micro-batch's gradients of the layer are reduce-scattered as
-                // soon as its weight gradients exist.
-                let (dense, expert) = self.layer_param_split(layer);
-                let bytes = self.grad_bytes();
-                let optag = Self::tag(Phase::Optimizer, mb, layer);
-                self.data_parallel(
-                    Collective::ReduceScatter,
-                    dense,
-                    expert,
-                    bytes,
-                    optag,
-                    &[out.1],
-                );
+                self.zero3_reduce_scatter(mb, layer, out.1);
             }
         }
         if self.is_first_chunk(chunk) {

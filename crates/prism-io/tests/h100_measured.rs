@@ -25,30 +25,34 @@ fn step_job() -> Job {
         .job
 }
 
-/// One measured row of `kernels.csv`.
-#[derive(Debug, serde::Deserialize)]
+/// One measured row of `kernels.csv`, read by Prism's own reader.
 struct Row {
     kind: String,
     variant: String,
-    m: Option<u64>,
-    n: Option<u64>,
-    k: Option<u64>,
-    batch: Option<u64>,
-    heads: Option<u64>,
-    seq_q: Option<u64>,
-    seq_kv: Option<u64>,
-    head_dim: Option<u64>,
-    causal: Option<u8>,
-    bytes: Option<u64>,
+    work: Option<Work>,
     us: f64,
 }
 
 fn rows() -> Vec<Row> {
     let path = dir().join("kernels.csv");
-    let mut r = csv::Reader::from_path(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    r.deserialize()
-        .map(|x| x.unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+    prism_io::kernel_bench::read_kernel_bench(&path)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|k| Row {
+            kind: k.kind,
+            variant: k.variant,
+            work: k.work,
+            us: k.seconds * 1e6,
+        })
         .collect()
+}
+
+/// `(m, n, k)` of a measured GEMM row.
+fn mnk(r: &Row) -> Option<(u64, u64, u64)> {
+    match r.work {
+        Some(Work::Gemm { m, n, k, .. }) => Some((m, n, k)),
+        _ => None,
+    }
 }
 
 fn model(job: &Job, precision: Precision) -> ComputeModel {
@@ -111,7 +115,7 @@ fn gemm_errors(variant: &str, precision: Precision, min_flops: f64) -> Vec<f64> 
         .iter()
         .filter(|r| r.kind == "gemm" && r.variant == variant)
         .filter_map(|r| {
-            let (mm, n, k) = (r.m?, r.n?, r.k?);
+            let (mm, n, k) = mnk(r)?;
             let flops = 2.0 * (mm * n * k) as f64;
             (flops >= min_flops).then(|| {
                 let work = Work::Gemm {
@@ -181,10 +185,10 @@ fn fp8_gemms_and_scaling_recipes() {
     // The measured speed of each recipe relative to tensor-wise scaling, shape by shape.
     let rel = |variant: &str| -> Vec<f64> {
         let r = rows();
-        let key = |x: &Row| (x.m, x.n, x.k);
+        let key = mnk;
         r.iter()
             .filter(|x| x.kind == "gemm" && x.variant == variant)
-            .filter(|x| 2.0 * (x.m.unwrap() * x.n.unwrap() * x.k.unwrap()) as f64 >= 1e12)
+            .filter(|x| x.work.is_some_and(|w| w.flops() >= 1e12))
             .filter_map(|x| {
                 r.iter()
                     .find(|y| y.variant == "fp8_tensor" && key(y) == key(x))
@@ -222,26 +226,28 @@ fn fused_attention_matches_the_calibrated_model() {
     println!("\nH100 fused attention (SDPA) vs model");
     let mut by: std::collections::BTreeMap<(String, String), Vec<f64>> = Default::default();
     for r in rows().iter().filter(|r| r.kind.starts_with("attn_")) {
-        let work = Work::Attention {
-            batch: r.batch.unwrap(),
-            heads: r.heads.unwrap(),
-            seq_q: r.seq_q.unwrap(),
-            seq_kv: r.seq_kv.unwrap(),
-            head_dim: r.head_dim.unwrap(),
-            causal: r.causal == Some(1),
-            window: 0,
-            backward: r.kind == "attn_bwd",
+        let work = r.work.expect("attention rows have a shape");
+        let Work::Attention {
+            batch,
+            heads,
+            seq_q,
+            head_dim,
+            causal,
+            ..
+        } = work
+        else {
+            panic!("{work:?}")
         };
         let p = predicted_us(&m, OpClass::Attention, work);
         println!(
             "  {:8} {:5} b{:2} h{:2} s{:6} d{:3} {}: measured {:9.1} us  model {:9.1} us  {:+6.1}%",
             r.kind,
             r.variant,
-            r.batch.unwrap(),
-            r.heads.unwrap(),
-            r.seq_q.unwrap(),
-            r.head_dim.unwrap(),
-            if r.causal == Some(1) { "c" } else { "n" },
+            batch,
+            heads,
+            seq_q,
+            head_dim,
+            if causal { "c" } else { "n" },
             r.us,
             p,
             100.0 * err(p, r.us)
@@ -279,7 +285,9 @@ fn memory_bound_kernels_stream_at_the_calibrated_bandwidth() {
     println!("\nH100 memory-bound kernels vs model (bytes read + written)");
     let mut errs = std::collections::BTreeMap::new();
     for r in rows().iter().filter(|r| r.kind == "mem") {
-        let bytes = r.bytes.unwrap();
+        let Some(Work::Memory { bytes }) = r.work else {
+            panic!("a mem row without bytes")
+        };
         let class = match r.variant.as_str() {
             "rmsnorm" | "layernorm" => OpClass::Norm,
             "softmax" => OpClass::Softmax,
