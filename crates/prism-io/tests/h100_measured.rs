@@ -459,3 +459,61 @@ fn fp32_gradient_accumulation_in_weight_gradient_gemms() {
     let s = print_stats("accumulating GEMM, BF16 time + epilogue", &errs);
     assert!(s.mean_abs < 0.10, "mean |err| {:.3}", s.mean_abs);
 }
+
+/// The same kernels measured on an H200 (`validation/h200/kernels.csv`, same script, same
+/// software; 141 GB HBM3e at 4.8 TB/s, same GH100 die and clocks): Prism prices the H200 with
+/// the H100's efficiencies and the H200's bandwidth.
+#[test]
+fn h200_kernels_against_the_h100_parameters() {
+    let text = std::fs::read_to_string(dir().join("llama-4layer-step.toml"))
+        .unwrap()
+        .replace("dgx-h100", "dgx-h200");
+    let job = prism_io::jobfile::load_job_str(&text, "h200-step.toml", None, &[])
+        .unwrap_or_else(|e| panic!("{e}"))
+        .job;
+    let m = model(&job, Precision::Bf16);
+    let path = dir().join("../h200/kernels.csv");
+    let rows = prism_io::kernel_bench::read_kernel_bench(&path).unwrap_or_else(|e| panic!("{e}"));
+    println!("\nH200 kernels vs the model (H100 efficiencies, 4.8 TB/s)");
+    let mut gemm = Vec::new();
+    let mut fwd = Vec::new();
+    let mut bwd = Vec::new();
+    for r in &rows {
+        let us = r.seconds * 1e6;
+        match (r.kind.as_str(), r.variant.as_str(), r.work) {
+            ("gemm", v, Some(w)) if v.starts_with("bf16") => {
+                gemm.push(err(predicted_us(&m, OpClass::Gemm, w), us));
+            }
+            ("attn_fwd", "cudnn", Some(w)) => {
+                fwd.push(err(predicted_us(&m, OpClass::Attention, w), us));
+            }
+            ("attn_bwd", "cudnn", Some(w)) => {
+                bwd.push(err(predicted_us(&m, OpClass::Attention, w), us));
+            }
+            ("mem", v, Some(w)) if ["copy", "add", "rmsnorm", "softmax"].contains(&v) => {
+                let class = match v {
+                    "rmsnorm" => OpClass::Norm,
+                    "softmax" => OpClass::Softmax,
+                    _ => OpClass::Elementwise,
+                };
+                let p = predicted_us(&m, class, w);
+                println!(
+                    "  {v:8} measured {us:8.1} us  model {p:8.1} us  {:+6.1}%",
+                    100.0 * err(p, us)
+                );
+            }
+            _ => {}
+        }
+    }
+    let g = print_stats("bf16 GEMMs", &gemm);
+    let f = print_stats("cuDNN attention forward", &fwd);
+    let b = print_stats("cuDNN attention backward", &bwd);
+    // Same die and clocks: the compute-bound kernels agree as they do on the H100 (the model
+    // slower than a fresh GPU, by about the sustained-clock factor).
+    assert!(
+        g.n >= 150 && g.median > -0.05 && g.median < 0.20,
+        "GEMMs {:+.3}",
+        g.median
+    );
+    assert!(f.mean_abs < 0.25 && b.mean_abs < 0.35);
+}
