@@ -34,6 +34,7 @@
 //! | `interleave_moe_layer_step`, `moe_layers` | Llama 4: MoE every `step` layers (`moe_layers`, when given, must match) |
 //! | `q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` | DeepSeek: multi-head latent attention |
 //! | `num_nextn_predict_layers` | DeepSeek-V3: multi-token-prediction depth |
+//! | `n_group`, `topk_group` | DeepSeek's node-limited (V3) / device-limited (V2) routing: **not modelled** (every token's `top_k` copies are exchanged without node-level deduplication, an upper bound on the all-to-all traffic); the one routing key accepted without being honoured, so that the published configs load (docs/models.md, "Not modelled yet") |
 //! | `sliding_window` (with `use_sliding_window`) | local attention window: every layer (Mistral, Phi-3), every layer but every 2nd (Gemma 2), every 6th (`sliding_window_pattern`, Gemma 3), or per `layer_types` |
 //! | `layer_types` | `sliding_attention` / `chunked_attention` / `full_attention` per layer: must be a regular pattern (every `n`-th layer global) |
 //! | `attention_chunk_size`, `no_rope_layers`, `no_rope_layer_interval` | Llama 4: chunked attention on the RoPE layers, global attention on every `interval`-th (NoPE) layer |
