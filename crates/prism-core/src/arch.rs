@@ -140,6 +140,13 @@ pub struct Arch {
     pub attention_global_every: u32,
     /// Multi-token-prediction modules (DeepSeek-V3: 1).
     pub mtp_depth: u32,
+    /// Expert groups for group-limited routing (DeepSeek's `n_group`); 0: none.
+    pub moe_groups: u32,
+    /// Groups one token's experts may come from (DeepSeek's `topk_group`): DeepSeek-V3's
+    /// node-limited routing when each group sits on one node. With it Prism prices DeepSeek's
+    /// dispatch: a token crosses the network once per distinct remote node and is forwarded
+    /// over NVLink inside it ([`Arch::node_limited_nic_scale`]).
+    pub moe_groups_per_token: u32,
     /// RMS norms over each query and key head (Qwen3, Gemma 3).
     pub qk_norm: bool,
 }
@@ -158,11 +165,39 @@ impl Default for Arch {
             attention_global_every: 0,
             mtp_depth: 0,
             qk_norm: false,
+            moe_groups: 0,
+            moe_groups_per_token: 0,
         }
     }
 }
 
 impl Arch {
+    /// Network bytes of an expert-parallel dispatch or combine under group-limited routing,
+    /// relative to exchanging every one of a token's `top_k` copies (1 without group limits or
+    /// inside one node).
+    ///
+    /// The EP group has `ranks` GPUs on `nodes` nodes, `per_node` on each, experts in `groups`
+    /// contiguous groups (each on `max(1, nodes / groups)` nodes). A token's experts lie on
+    /// `r = min(nodes, per_token x max(1, nodes / groups))` nodes; with its `k = top_k` experts
+    /// spread evenly over them it reaches `r (1 - (1 - 1/r)^k)` distinct nodes, of which
+    /// `(nodes - 1) / nodes` are remote, and each remote node receives the token once
+    /// (DeepSeek-V3, Sec. 3.2.2: at most 4 nodes over InfiniBand, then NVLink forwarding).
+    /// Without the limit every copy bound elsewhere crosses: `k (ranks - per_node) / ranks`.
+    pub fn node_limited_nic_scale(&self, top_k: u32, nodes: u32, ranks: u32, per_node: u32) -> f64 {
+        if self.moe_groups == 0 || nodes <= 1 || ranks <= per_node {
+            return 1.0;
+        }
+        let n = nodes as f64;
+        let reach = (self.moe_groups_per_token as f64 * (n / self.moe_groups as f64).max(1.0))
+            .min(n)
+            .max(1.0);
+        let k = top_k.max(1) as f64;
+        let distinct = reach * (1.0 - (1.0 - 1.0 / reach).powf(k));
+        let with_limit = distinct * (n - 1.0) / n;
+        let without = k * (ranks - per_node) as f64 / ranks as f64;
+        (with_limit / without).min(1.0)
+    }
+
     /// Load of the busiest expert relative to a balanced share: the capacity factor when one
     /// is set (padded to capacity), else the imbalance.
     pub fn moe_load_factor(&self) -> f64 {
@@ -327,6 +362,32 @@ pub fn validate(job: &crate::job::Job) -> Result<(), JobError> {
             return Err(JobError::new(
                 "model.mla_q_lora_rank",
                 format!("must be at most 65536 (got {})", mla.q_lora_rank),
+            ));
+        }
+    }
+    if a.moe_groups > 0 || a.moe_groups_per_token > 0 {
+        let Some(moe) = &m.moe else {
+            return Err(JobError::new(
+                "model.moe_groups",
+                "needs model.moe_experts (the number of experts)",
+            ));
+        };
+        if a.moe_groups == 0 || !moe.experts.is_multiple_of(a.moe_groups) {
+            return Err(JobError::new(
+                "model.moe_groups",
+                format!(
+                    "must divide model.moe_experts ({}) and be at least 1 with moe_groups_per_token (got {})",
+                    moe.experts, a.moe_groups
+                ),
+            ));
+        }
+        if a.moe_groups_per_token == 0 || a.moe_groups_per_token > a.moe_groups {
+            return Err(JobError::new(
+                "model.moe_groups_per_token",
+                format!(
+                    "must be between 1 and model.moe_groups ({}) (got {})",
+                    a.moe_groups, a.moe_groups_per_token
+                ),
             ));
         }
     }

@@ -28,7 +28,7 @@ use crate::layout::{GROUP_KINDS, GroupKind, Layout};
 use crate::network::{Fabric, FlowEnd, FlowId, LinkId, Network, normalize};
 use crate::ops::OpClass;
 use crate::report::{Breakdown, RankTiming, Summary};
-use crate::units::SimTime;
+use crate::units::{SimTime, ps_from_s};
 
 /// Which ranks to simulate.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -1722,13 +1722,16 @@ impl<'a> Sim<'a> {
             inst
         };
         let shape = self.shape(kind, group);
-        let plan = self.congested(comm::plan_collective(
-            coll,
-            bytes,
-            shape,
-            self.cluster,
-            &self.comm,
-        ));
+        let mut plan = comm::plan_collective(coll, bytes, shape, self.cluster, &self.comm);
+        if kind == GroupKind::Ep && self.graph.ep_nic_scale < 1.0 && plan.nic_bytes > 0 {
+            // Group-limited routing: each token crosses the network once per remote node; the
+            // copies saved there are forwarded over NVLink inside the receiving node.
+            let keep = (plan.nic_bytes as f64 * self.graph.ep_nic_scale).ceil() as u64;
+            let moved = (plan.nic_bytes - keep) as f64;
+            plan.nic_bytes = keep.max(1);
+            plan.nvlink_ps += ps_from_s(moved / comm::nvlink_bytes_per_s(self.cluster, &self.comm));
+        }
+        let plan = self.congested(plan);
         if self.opts.ideal_network {
             self.push(self.now, Event::CollDone { kind: k as u8, id });
             return;

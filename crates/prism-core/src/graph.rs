@@ -232,6 +232,10 @@ pub struct ExecutionGraph {
     pub layout: Layout,
     /// One program per pipeline stage.
     pub programs: Vec<Program>,
+    /// Network bytes of each expert-parallel all-to-all relative to exchanging every routed
+    /// copy: below 1 under group-limited routing ([`crate::arch::Arch::node_limited_nic_scale`]),
+    /// the rest forwarded over NVLink; 1 otherwise.
+    pub ep_nic_scale: f64,
 }
 
 impl ExecutionGraph {
@@ -323,9 +327,29 @@ impl ExecutionGraph {
                 }
             }
         }
+        let ep_nic_scale = match &job.model.moe {
+            Some(moe) if job.parallel.ep > 1 => {
+                let mut nodes: Vec<u32> = layout
+                    .members(GroupKind::Ep, 0)
+                    .map(|r| layout.node(r))
+                    .collect();
+                let ranks = nodes.len() as u32;
+                nodes.sort_unstable();
+                nodes.dedup();
+                let per_node = ranks / nodes.len().max(1) as u32;
+                job.model.arch.node_limited_nic_scale(
+                    moe.top_k,
+                    nodes.len() as u32,
+                    ranks,
+                    per_node,
+                )
+            }
+            _ => 1.0,
+        };
         ExecutionGraph {
             layout,
             programs: builders.into_iter().map(|b| b.prog).collect(),
+            ep_nic_scale,
         }
     }
 }

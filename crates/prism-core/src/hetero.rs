@@ -394,7 +394,14 @@ pub fn build_graph(p: &HeteroPipeline, cluster: &Cluster) -> (ExecutionGraph, Cl
     let mut c = cluster.clone();
     c.gpus_per_node = 1;
     c.nodes = n;
-    (ExecutionGraph { layout, programs }, c)
+    (
+        ExecutionGraph {
+            layout,
+            programs,
+            ep_nic_scale: 1.0,
+        },
+        c,
+    )
 }
 
 /// Runs one iteration of `p` on the engine (module docs). `ideal_network`: pipeline messages

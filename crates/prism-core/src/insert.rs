@@ -74,6 +74,7 @@ mod tests {
         let g = ExecutionGraph::build(&job);
         let same = ExecutionGraph {
             layout: g.layout,
+            ep_nic_scale: g.ep_nic_scale,
             programs: g
                 .programs
                 .iter()
@@ -90,6 +91,7 @@ mod tests {
         let extra = 1_000_000_000u64;
         let longer = ExecutionGraph {
             layout: g.layout,
+            ep_nic_scale: g.ep_nic_scale,
             programs: g
                 .programs
                 .iter()

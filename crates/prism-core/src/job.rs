@@ -350,6 +350,11 @@ pub struct Parallel {
     /// Overlap tensor-parallel all-gathers/reduce-scatters with the GEMMs that consume or
     /// produce them (Megatron `--tp-comm-overlap`, Transformer Engine userbuffers).
     pub tp_comm_overlap: bool,
+    /// Streaming multiprocessors each GPU reserves for communication kernels that run beside
+    /// the computation (DeepSeek-V3's all-to-all kernels: 20 of the H800's 132, Sec. 3.2.2);
+    /// compute kernels run on the rest. 0: communication takes no compute SMs (NCCL's copy
+    /// engines and its own short-lived kernels, as the calibration assumes).
+    pub comm_sms: u32,
     /// Order of the parallel dimensions over the ranks.
     pub order: RankOrder,
     /// ZeRO stage of the data-parallel dimension (Rajbhandari et al. 2020): 0 nothing sharded,
@@ -1492,6 +1497,7 @@ pub mod fixtures {
                 overlap_grad_reduce: true,
                 overlap_param_gather: true,
                 tp_comm_overlap: false,
+                comm_sms: 0,
                 order: RankOrder::TpCpEpDpPp,
                 zero_stage: 1,
                 grad_reduce_in_bf16: false,

@@ -386,7 +386,11 @@ pub fn graph_from_traces(
         reps.push(list[0].rank);
     }
     pair_sends(&layout, &mut programs, &recvs, &reps)?;
-    Ok(ExecutionGraph { layout, programs })
+    Ok(ExecutionGraph {
+        layout,
+        programs,
+        ep_nic_scale: 1.0,
+    })
 }
 
 /// Checks that `b` (of rank `rb`) is `a` (of rank `ra`, same stage) up to compute durations.

@@ -787,3 +787,65 @@ fn mtp_activation_memory_by_hand() {
     let want = (layer + 4.0 * s * h + 4.0 * s * h + 4.0 * s * v) * in_flight;
     assert!((d - want).abs() <= 2.0, "{d} vs {want}");
 }
+
+/// Truth: the closed form of group-limited routing's network share, and the engine applying
+/// it: less network traffic for the expert all-to-alls, a faster iteration, reduced == full.
+#[test]
+fn node_limited_routing_cuts_the_all_to_all_network_bytes() {
+    use prism_core::arch::Arch;
+    // DeepSeek-V3: EP 64 on 8 nodes of 8, top-8 of 256 experts in 8 groups, at most 4 groups
+    // per token: r = 4 nodes, 4 (1 - (3/4)^8) distinct, 7/8 of them remote, against
+    // 8 x 56/64 copies crossing without the limit.
+    let a = Arch {
+        moe_groups: 8,
+        moe_groups_per_token: 4,
+        ..Arch::default()
+    };
+    let want = 4.0 * (1.0 - 0.75f64.powi(8)) * 7.0 / 8.0 / (8.0 * 56.0 / 64.0);
+    assert!((a.node_limited_nic_scale(8, 8, 64, 8) - want).abs() < 1e-12);
+    assert!((want - 0.4504).abs() < 1e-3);
+    // No limit, one node, or a limit wider than the nodes it could reach: no change.
+    assert_eq!(Arch::default().node_limited_nic_scale(8, 8, 64, 8), 1.0);
+    assert_eq!(a.node_limited_nic_scale(8, 1, 8, 8), 1.0);
+    let wide = Arch {
+        moe_groups: 8,
+        moe_groups_per_token: 8,
+        ..Arch::default()
+    };
+    assert!(wide.node_limited_nic_scale(1, 8, 64, 8) <= 1.0);
+    // Fewer groups per token, fewer nodes crossed.
+    let narrow = Arch {
+        moe_groups: 8,
+        moe_groups_per_token: 2,
+        ..Arch::default()
+    };
+    assert!(narrow.node_limited_nic_scale(8, 8, 64, 8) < want);
+
+    // The engine: a small DeepSeek-style job with EP over 2 nodes.
+    let mut base = small_deepseek_job(2, 1, 1, 32, 16);
+    base.model.moe.as_mut().unwrap().experts = 16;
+    let mut limited = base.clone();
+    limited.model.arch.moe_groups = 2;
+    limited.model.arch.moe_groups_per_token = 1;
+    let base = valid(base);
+    let limited = valid(limited);
+    let g = prism_core::graph::ExecutionGraph::build(&limited);
+    // 2 nodes, 8 + 8 ranks, top-2 from 1 of 2 groups (one per node): one node, remote half
+    // the time, against 2 x 8/16 copies crossing.
+    assert!((g.ep_nic_scale - 0.5).abs() < 1e-12, "{}", g.ep_nic_scale);
+    let t = |job: &Job, mode: Mode| {
+        simulate(
+            job,
+            &SimOptions {
+                mode,
+                ..SimOptions::default()
+            },
+        )
+        .unwrap()
+        .summary
+        .iteration_time_s
+    };
+    let (tb, tl) = (t(&base, Mode::Full), t(&limited, Mode::Full));
+    assert!(tl < tb, "{tl} vs {tb}");
+    assert_eq!(t(&limited, Mode::Reduced), tl);
+}

@@ -578,6 +578,7 @@ pub fn bubbles_with(
         ExecutionGraph {
             layout: graph.layout,
             programs,
+            ep_nic_scale: graph.ep_nic_scale,
         },
         &record_opts(job),
     )?;

@@ -34,7 +34,7 @@
 //! | `interleave_moe_layer_step`, `moe_layers` | Llama 4: MoE every `step` layers (`moe_layers`, when given, must match) |
 //! | `q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` | DeepSeek: multi-head latent attention |
 //! | `num_nextn_predict_layers` | DeepSeek-V3: multi-token-prediction depth |
-//! | `n_group`, `topk_group` | DeepSeek's node-limited (V3) / device-limited (V2) routing: **not modelled** (every token's `top_k` copies are exchanged without node-level deduplication, an upper bound on the all-to-all traffic); the one routing key accepted without being honoured, so that the published configs load (docs/models.md, "Not modelled yet") |
+//! | `n_group`, `topk_group` | DeepSeek: group-limited routing (`moe_groups`, `moe_groups_per_token`; V3's node-limited routing when groups sit on nodes) |
 //! | `sliding_window` (with `use_sliding_window`) | local attention window: every layer (Mistral, Phi-3), every layer but every 2nd (Gemma 2), every 6th (`sliding_window_pattern`, Gemma 3), or per `layer_types` |
 //! | `layer_types` | `sliding_attention` / `chunked_attention` / `full_attention` per layer: must be a regular pattern (every `n`-th layer global) |
 //! | `attention_chunk_size`, `no_rope_layers`, `no_rope_layer_interval` | Llama 4: chunked attention on the RoPE layers, global attention on every `interval`-th (NoPE) layer |
@@ -134,6 +134,8 @@ struct HfConfig {
     qk_rope_head_dim: Option<u32>,
     v_head_dim: Option<u32>,
     num_nextn_predict_layers: Option<u32>,
+    n_group: Option<u32>,
+    topk_group: Option<u32>,
     sliding_window: Option<u32>,
     use_sliding_window: Option<bool>,
     sliding_window_pattern: Option<u32>,
@@ -396,6 +398,14 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
                 "deepseek_v2" | "deepseek_v3" => {
                     arch.moe_shared_ffn_hidden = cfg.n_shared_experts.unwrap_or(0) * expert_ffn;
                     arch.moe_first_dense_layers = cfg.first_k_dense_replace.unwrap_or(0);
+                    // Group-limited routing, when it limits anything.
+                    if let (Some(g), Some(t)) = (cfg.n_group, cfg.topk_group)
+                        && g > 1
+                        && t < g
+                    {
+                        arch.moe_groups = g;
+                        arch.moe_groups_per_token = t;
+                    }
                     if let Some(f) = cfg.moe_layer_freq.filter(|&f| f != 1) {
                         return Err(err(
                             "moe_layer_freq",

@@ -239,6 +239,8 @@ const MODEL_FIELDS: &[Field] = &[
     fld("moe_shared_ffn_hidden", Ty::U32),
     fld("moe_capacity_factor", Ty::F64),
     fld("moe_imbalance", Ty::F64),
+    fld("moe_groups", Ty::U32),
+    fld("moe_groups_per_token", Ty::U32),
     fld("attention_window", Ty::U32),
     fld("attention_window_kind", Ty::Str),
     fld("attention_global_every", Ty::U32),
@@ -304,6 +306,7 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("overlap_grad_reduce", Ty::Bool),
     fld("overlap_param_gather", Ty::Bool),
     fld("tp_comm_overlap", Ty::Bool),
+    fld("comm_sms", Ty::U32),
     fld("order", Ty::Str),
     fld("use_tp_pp_dp_mapping", Ty::Bool),
     fld("zero_stage", Ty::U32),
@@ -2188,6 +2191,8 @@ fn build_arch(
             "moe_shared_ffn_hidden",
             "moe_capacity_factor",
             "moe_imbalance",
+            "moe_groups",
+            "moe_groups_per_token",
         ] {
             if let Some(e) = g.entry(k) {
                 return Err(ctx.at_value(
@@ -2227,6 +2232,10 @@ fn build_arch(
             .unwrap_or(d.attention_global_every),
         mtp_depth: g.u32("mtp_depth")?.unwrap_or(d.mtp_depth),
         qk_norm: g.bool("qk_norm")?.unwrap_or(d.qk_norm),
+        moe_groups: g.u32("moe_groups")?.unwrap_or(d.moe_groups),
+        moe_groups_per_token: g
+            .u32("moe_groups_per_token")?
+            .unwrap_or(d.moe_groups_per_token),
     })
 }
 
@@ -2649,6 +2658,15 @@ fn build_parallel(
         .bool("overlap_param_gather")?
         .unwrap_or(sd.overlap_param_gather);
     let tp_comm_overlap = g.bool("tp_comm_overlap")?.unwrap_or(false);
+    let comm_sms = g.u32("comm_sms")?.unwrap_or(0);
+    if comm_sms > 64 {
+        let e = g.entry("comm_sms").expect("set above");
+        return Err(ctx.at_value(
+            &e.src,
+            "parallel.comm_sms",
+            format!("must be at most 64 (got {comm_sms}): the rest of the GPU computes"),
+        ));
+    }
     let deallocate_stage_input = g.bool("deallocate_stage_input")?.unwrap_or(false);
     let orders = [
         ("tp-cp-ep-dp-pp", RankOrder::TpCpEpDpPp),
@@ -2699,6 +2717,7 @@ fn build_parallel(
         overlap_grad_reduce,
         overlap_param_gather,
         tp_comm_overlap,
+        comm_sms,
         order,
         zero_stage,
         grad_reduce_in_bf16: g

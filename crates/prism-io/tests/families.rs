@@ -70,6 +70,8 @@ fn deepseek_v3() {
         (3, 2048, 1)
     );
     assert_eq!((m.moe_layers(), m.ffn_hidden), (58, 18432));
+    // n_group 8, topk_group 4: node-limited routing.
+    assert_eq!((m.arch.moe_groups, m.arch.moe_groups_per_token), (8, 4));
     assert_published("DeepSeek-V3 total", m.params(), 671.0, 0.01);
     // 36.63 B: 1.01% below the published figure, which is given in whole billions (any count
     // in [36.5, 37.5) is published as 37 B).

@@ -1858,3 +1858,55 @@ fn fp8_recipes_price_gemms_by_their_measured_throughput() {
     assert!((time("blockwise") - t / p.fp8_blockwise_rel).abs() < 1e-12);
     assert!(time("blockwise") > t && time("rowwise") > t);
 }
+
+#[test]
+fn group_limited_routing_and_comm_sms_keys() {
+    let moe = r#"
+name = "moe"
+[model]
+preset = "deepseek-v3"
+[cluster]
+preset = "dgx-h800"
+nodes = 16
+[parallel]
+tp = 1
+pp = 1
+ep = 64
+[training]
+global_batch = 128
+"#;
+    let j = ok(moe, &[]).job;
+    // The DeepSeek-V3 preset carries the report's node-limited routing.
+    assert_eq!(
+        (j.model.arch.moe_groups, j.model.arch.moe_groups_per_token),
+        (8, 4)
+    );
+    assert_eq!(j.parallel.comm_sms, 0);
+    let j = ok(moe, &["parallel.comm_sms=20"]).job;
+    assert_eq!(j.parallel.comm_sms, 20);
+    fails(
+        moe,
+        &["parallel.comm_sms=100"],
+        "parallel.comm_sms",
+        &["must be at most 64"],
+    );
+    fails(
+        moe,
+        &["model.moe_groups=7"],
+        "model.moe_groups",
+        &["must divide model.moe_experts (256)"],
+    );
+    fails(
+        moe,
+        &["model.moe_groups_per_token=9"],
+        "model.moe_groups_per_token",
+        &["between 1 and model.moe_groups (8)"],
+    );
+    // Dense models have no experts to group.
+    fails(
+        SMALL,
+        &["model.moe_groups=2"],
+        "model.moe_groups",
+        &["needs model.moe_experts"],
+    );
+}

@@ -445,14 +445,20 @@ impl ComputeModel {
         if let Err(e) = params.validate() {
             panic!("invalid compute parameters: {e}");
         }
+        let mut params = params;
+        // SMs reserved for communication kernels leave the rest to compute: tiles fill fewer
+        // SMs and the tensor-core peak shrinks in proportion (HBM bandwidth does not).
+        let reserved = job.parallel.comm_sms.min(params.sm_count.saturating_sub(1));
+        let sm_share = (params.sm_count - reserved) as f64 / params.sm_count as f64;
+        params.sm_count -= reserved;
         let gpu = &job.cluster.gpu;
-        let peak_bf16 = gpu.peak_tflops_bf16 * 1e12 * params.clock_factor;
+        let peak_bf16 = gpu.peak_tflops_bf16 * 1e12 * params.clock_factor * sm_share;
         let precision = job.training.precision;
         let peak_gemm = match precision {
             Precision::Bf16 => peak_bf16,
             Precision::Fp8 => gpu
                 .peak_tflops_fp8
-                .map_or(peak_bf16, |t| t * 1e12 * params.clock_factor),
+                .map_or(peak_bf16, |t| t * 1e12 * params.clock_factor * sm_share),
         };
         let fp8_recipe_rel = match job.training.fp8_recipe {
             crate::job::Fp8Recipe::Tensorwise => 1.0,
@@ -852,6 +858,29 @@ mod tests {
         };
         let cm = ComputeModel::new(&job, no_overhead, None);
         assert!(cm.time_ps(&gemm(1, 1, 1)) >= 1);
+    }
+
+    #[test]
+    fn sms_kept_for_communication_slow_compute_in_proportion() {
+        let job = h100_job();
+        let mut reserved = job.clone();
+        reserved.parallel.comm_sms = 20;
+        let (full, part) = (model(&job), model(&reserved));
+        let launch = full.params().launch_overhead_s;
+        // A GEMM of many waves: compute time scales with 132 / 112 (tiles spread over fewer
+        // SMs at the same per-SM rate).
+        let g = gemm(16384, 16384, 8192);
+        let ratio = (part.time_s(&g) - launch) / (full.time_s(&g) - launch);
+        assert!((ratio - 132.0 / 112.0).abs() < 1e-9, "{ratio}");
+        // Memory-bound kernels keep the HBM bandwidth.
+        let mem = ComputeOp {
+            name: "add",
+            class: OpClass::Elementwise,
+            work: Work::Memory { bytes: 1 << 30 },
+            recompute: false,
+        };
+        assert_eq!(part.time_s(&mem), full.time_s(&mem));
+        assert_eq!(part.params().sm_count, 112);
     }
 
     #[test]
