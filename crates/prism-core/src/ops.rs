@@ -213,3 +213,14 @@ pub struct ComputeOp {
     /// True when this is recomputed forward work inside backward (counts for HFU, not MFU).
     pub recompute: bool,
 }
+
+impl ComputeOp {
+    /// Whether this kernel computes a weight gradient (the graph names those `*_wgrad`). The
+    /// unfused attention's `attn_scores_wgrad` and `attn_context_wgrad` are the gradients of
+    /// the keys and values, activations, and are not.
+    pub fn is_weight_gradient(&self) -> bool {
+        self.class == OpClass::Gemm
+            && self.name.ends_with("_wgrad")
+            && !self.name.starts_with("attn_")
+    }
+}

@@ -531,11 +531,7 @@ impl ComputeModel {
     /// (see [`ComputeParams::wgrad_accum_hidden_tokens`]); 0 for every other kernel.
     fn wgrad_accum_s(&self, op: &ComputeOp) -> f64 {
         match op.work {
-            Work::Gemm { m, n, k, batch }
-                if self.fp32_grad_accum
-                    && op.class == OpClass::Gemm
-                    && op.name.ends_with("_wgrad") =>
-            {
+            Work::Gemm { m, n, k, batch } if self.fp32_grad_accum && op.is_weight_gradient() => {
                 let bytes = 8.0 * m as f64 * n as f64 * batch as f64;
                 let exposed = (self.params.wgrad_accum_hidden_tokens / k.max(1) as f64)
                     .sqrt()
@@ -858,6 +854,39 @@ mod tests {
         };
         let cm = ComputeModel::new(&job, no_overhead, None);
         assert!(cm.time_ps(&gemm(1, 1, 1)) >= 1);
+    }
+
+    #[test]
+    fn only_weight_gradients_pay_the_fp32_accumulation_epilogue() {
+        let fused = h100_job(); // Megatron-Core: fused FP32 gradient accumulation
+        let mut plain = fused.clone();
+        plain.training.stack = crate::job::Stack::TorchTitan;
+        let (f, p) = (model(&fused), model(&plain));
+        let op = |name: &'static str, batch: u64| ComputeOp {
+            name,
+            class: OpClass::Gemm,
+            work: Work::Gemm {
+                m: 4096,
+                n: 1024,
+                k: 2048,
+                batch,
+            },
+            recompute: false,
+        };
+        // A weight gradient (dense, or batched over local experts) reads and writes its FP32
+        // gradient: 8 m n batch bytes, sqrt(700 / 2048) of them exposed.
+        for (name, batch) in [("fc1_wgrad", 1), ("expert_fc1_wgrad", 4)] {
+            let extra = f.time_s(&op(name, batch)) - p.time_s(&op(name, batch));
+            let params = f.params();
+            let want = 8.0 * 4096.0 * 1024.0 * batch as f64
+                / (fused.cluster.gpu.hbm_tbps * 1e12 * params.mem_eff)
+                * (params.wgrad_accum_hidden_tokens / 2048.0).sqrt();
+            assert!((extra - want).abs() < 1e-12, "{name}: {extra} vs {want}");
+        }
+        // The unfused attention's key and value gradients are activations: no epilogue.
+        for name in ["attn_scores_wgrad", "attn_context_wgrad", "fc1_dgrad"] {
+            assert_eq!(f.time_s(&op(name, 8)), p.time_s(&op(name, 8)), "{name}");
+        }
     }
 
     #[test]
