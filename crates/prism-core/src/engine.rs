@@ -814,7 +814,9 @@ fn group_links(fabric: &Fabric, kind: GroupKind, members: &[u32], out: &mut Vec<
     }
 }
 
-fn group_shape(layout: &Layout, kind: GroupKind, group: u32) -> GroupShape {
+/// How group `group` of `kind` sits on nodes: its ranks, the nodes it spans and the most
+/// members on one node.
+pub(crate) fn group_shape(layout: &Layout, kind: GroupKind, group: u32) -> GroupShape {
     let mut nodes: Vec<u32> = layout
         .members(kind, group)
         .map(|r| layout.node(r))

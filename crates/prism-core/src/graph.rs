@@ -329,20 +329,8 @@ impl ExecutionGraph {
         }
         let ep_nic_scale = match &job.model.moe {
             Some(moe) if job.parallel.ep > 1 => {
-                let mut nodes: Vec<u32> = layout
-                    .members(GroupKind::Ep, 0)
-                    .map(|r| layout.node(r))
-                    .collect();
-                let ranks = nodes.len() as u32;
-                nodes.sort_unstable();
-                nodes.dedup();
-                let per_node = ranks / nodes.len().max(1) as u32;
-                job.model.arch.node_limited_nic_scale(
-                    moe.top_k,
-                    nodes.len() as u32,
-                    ranks,
-                    per_node,
-                )
+                let s = crate::engine::group_shape(&layout, GroupKind::Ep, 0);
+                (job.model.arch).node_limited_nic_scale(moe.top_k, s.nodes, s.ranks, s.per_node)
             }
             _ => 1.0,
         };

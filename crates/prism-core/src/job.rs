@@ -1321,7 +1321,10 @@ impl Job {
                 "an FP8 scaling recipe needs training.precision = \"fp8\"".to_string(),
             ));
         }
-        if t.fp8_recipe == Fp8Recipe::Mxfp8 && !gpu_is_blackwell(&c.gpu) {
+        if t.fp8_recipe == Fp8Recipe::Mxfp8
+            && crate::cost::compute::Generation::of(&c.gpu)
+                != crate::cost::compute::Generation::Blackwell
+        {
             return Err(JobError::new(
                 "training.fp8_recipe",
                 format!(
@@ -1341,20 +1344,6 @@ impl Job {
         }
         crate::arch::validate(self)?;
         Ok(())
-    }
-}
-
-/// Whether `gpu` is a Blackwell GPU (by name, else by a dense BF16 peak of at least 1,500
-/// TFLOP/s), as [`crate::cost::compute::ComputeParams::for_gpu`] decides.
-pub fn gpu_is_blackwell(gpu: &Gpu) -> bool {
-    let n = gpu.name.to_ascii_uppercase();
-    let has = |names: &[&str]| names.iter().any(|b| n.contains(b));
-    if has(&["B100", "B200", "B300"]) {
-        true
-    } else if has(&["H100", "H200", "H800", "A100", "A800"]) {
-        false
-    } else {
-        gpu.peak_tflops_bf16 >= 1500.0
     }
 }
 

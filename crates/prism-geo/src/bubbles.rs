@@ -407,14 +407,21 @@ pub fn bubbles(
     requests: &[Request],
     opts: &BubbleOptions,
 ) -> Result<BubbleReport, SimError> {
+    let (tp, max_tokens) = prefill_shape(job, requests, opts);
+    let prefill = PrefillModel::new(job, &opts.model, tp, max_tokens)?;
+    bubbles_with(job, requests, opts, prefill)
+}
+
+/// The prefill's tensor parallelism (inside one node) and the longest prompt (256 tokens when
+/// there are no requests).
+fn prefill_shape(job: &Job, requests: &[Request], opts: &BubbleOptions) -> (u32, u32) {
     let tp = opts.tp.clamp(1, job.cluster.gpus_per_node);
     let max_tokens = requests
         .iter()
         .map(|r| r.prompt_tokens)
         .max()
         .unwrap_or(256);
-    let prefill = PrefillModel::new(job, &opts.model, tp, max_tokens)?;
-    bubbles_with(job, requests, opts, prefill)
+    (tp, max_tokens)
 }
 
 /// [`bubbles`] with a prefill model already made (it must cover the longest prompt).
@@ -427,12 +434,7 @@ pub fn bubbles_with(
     let sched = training_schedule(job)?;
     let pp = job.parallel.pp;
     let t_it = sched.iteration_ps as f64 * 1e-12;
-    let tp = opts.tp.clamp(1, job.cluster.gpus_per_node);
-    let max_tokens = requests
-        .iter()
-        .map(|r| r.prompt_tokens)
-        .max()
-        .unwrap_or(256);
+    let (tp, max_tokens) = prefill_shape(job, requests, opts);
     // Memory beside training: weights + KV of the longest prompt + activations of one layer
     // (a few hidden-sized tensors per token), per GPU.
     let hbm = job.cluster.gpu.hbm_gib * (1u64 << 30) as f64;

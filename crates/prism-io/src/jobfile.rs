@@ -2659,14 +2659,12 @@ fn build_parallel(
         .unwrap_or(sd.overlap_param_gather);
     let tp_comm_overlap = g.bool("tp_comm_overlap")?.unwrap_or(false);
     let comm_sms = g.u32("comm_sms")?.unwrap_or(0);
-    if comm_sms > 64 {
-        let e = g.entry("comm_sms").expect("set above");
-        return Err(ctx.at_value(
-            &e.src,
-            "parallel.comm_sms",
-            format!("must be at most 64 (got {comm_sms}): the rest of the GPU computes"),
-        ));
-    }
+    g.bound(
+        "comm_sms",
+        comm_sms.into(),
+        64,
+        "the rest of the GPU computes",
+    )?;
     let deallocate_stage_input = g.bool("deallocate_stage_input")?.unwrap_or(false);
     let orders = [
         ("tp-cp-ep-dp-pp", RankOrder::TpCpEpDpPp),

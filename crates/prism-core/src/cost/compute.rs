@@ -136,6 +136,43 @@ pub struct ComputeParams {
     pub softmax_mem_eff: f64,
 }
 
+/// The GPU generation whose compute parameters apply, decided as
+/// [`ComputeParams::for_gpu`] documents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Generation {
+    /// A100, A800, and unnamed GPUs below 600 TFLOP/s.
+    Ampere,
+    /// H100, H800, GH200, and unnamed GPUs from 600 TFLOP/s.
+    Hopper,
+    /// H200.
+    H200,
+    /// B100, B200, GB200, B300, and unnamed GPUs from 1500 TFLOP/s.
+    Blackwell,
+}
+
+impl Generation {
+    /// The generation of `gpu`, by name, else by its dense BF16 peak.
+    pub fn of(gpu: &Gpu) -> Self {
+        let name = gpu.name.to_ascii_uppercase();
+        let has = |s: &str| name.contains(s);
+        if has("B200") || has("B100") || has("B300") {
+            Generation::Blackwell
+        } else if has("H200") {
+            Generation::H200
+        } else if has("H100") || has("H800") || has("GH200") {
+            Generation::Hopper
+        } else if has("A100") || has("A800") {
+            Generation::Ampere
+        } else if gpu.peak_tflops_bf16 >= 1500.0 {
+            Generation::Blackwell
+        } else if gpu.peak_tflops_bf16 >= 600.0 {
+            Generation::Hopper
+        } else {
+            Generation::Ampere
+        }
+    }
+}
+
 impl ComputeParams {
     /// NVIDIA A100 (SXM4, 108 SMs, BF16 312 TFLOP/s dense).
     pub fn a100() -> Self {
@@ -229,22 +266,11 @@ impl ComputeParams {
     /// `B200`/`B100`/`GB200`/`B300`) or, failing that, by its dense BF16 peak (>= 1500 TFLOP/s:
     /// Blackwell; >= 600: Hopper; else Ampere).
     pub fn for_gpu(gpu: &Gpu) -> Self {
-        let name = gpu.name.to_ascii_uppercase();
-        let has = |s: &str| name.contains(s);
-        if has("B200") || has("B100") || has("B300") {
-            Self::b200()
-        } else if has("H200") {
-            Self::h200()
-        } else if has("H100") || has("H800") || has("GH200") {
-            Self::h100()
-        } else if has("A100") || has("A800") {
-            Self::a100()
-        } else if gpu.peak_tflops_bf16 >= 1500.0 {
-            Self::b200()
-        } else if gpu.peak_tflops_bf16 >= 600.0 {
-            Self::h100()
-        } else {
-            Self::a100()
+        match Generation::of(gpu) {
+            Generation::Blackwell => Self::b200(),
+            Generation::H200 => Self::h200(),
+            Generation::Hopper => Self::h100(),
+            Generation::Ampere => Self::a100(),
         }
     }
 
