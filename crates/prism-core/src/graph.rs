@@ -271,6 +271,7 @@ impl ExecutionGraph {
         let m = job.micro_batches();
         let unit = match job.parallel.schedule {
             crate::job::Schedule::Interleaved => job.parallel.pp as u64,
+            crate::job::Schedule::OneFOneBOverlap if job.parallel.vpp > 1 => job.parallel.pp as u64,
             // DualPipe needs at least 2 pp micro-batches (and an even count).
             crate::job::Schedule::DualPipe => 2 * job.parallel.pp as u64,
             _ => 1,
@@ -414,7 +415,7 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
         chunk: v - 1 - (k % (p * v)) / p,
     };
     let mut out = Vec::with_capacity(2 * total as usize);
-    if let Some(steps) = crate::schedules::pipe_steps(kind, stage, p, m) {
+    if let Some(steps) = crate::schedules::pipe_steps(kind, stage, p, m, v) {
         // The overlapping schedules, each overlapped pair as its forward then its backward.
         for st in steps {
             let (f, b) = match st {
@@ -664,7 +665,9 @@ impl<'a> StageBuilder<'a> {
         let m = j.micro_batches() as u32;
         self.buckets = self.plan_buckets();
         self.param_gather_at_start();
-        if let Some(steps) = crate::schedules::pipe_steps(par.schedule, self.stage, par.pp, m) {
+        if let Some(steps) =
+            crate::schedules::pipe_steps(par.schedule, self.stage, par.pp, m, par.vpp)
+        {
             for st in steps {
                 match st {
                     PipeStep::Forward(mb, c) => self.forward_step(mb, c, m),

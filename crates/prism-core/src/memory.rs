@@ -383,18 +383,38 @@ pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
     let p = job.parallel.pp as u64;
     let i = stage as u64;
     let m = job.micro_batches();
+    let v = job.parallel.vpp as u64;
     match job.parallel.schedule {
         Schedule::GPipe => m as f64,
-        Schedule::OneFOneB | Schedule::OneFOneBOverlap => (p - i).min(m) as f64,
+        Schedule::OneFOneB => (p - i).min(m) as f64,
+        // Combined 1F1B on one stage: a forward runs before the previous backward.
+        Schedule::OneFOneBOverlap if v == 1 => (p - i + 1).min(m) as f64,
         // DualPipe keeps `PP + 1` micro-batches' activations of one stage at its peak
         // (DeepSeek-V3 report, Table 2); a rank holds two stages, so `(PP + 1) / 2` of them
         // on average (per chunk: [`dualpipe_chunk_in_flight`], which the memory model uses).
         Schedule::DualPipe => (p + 1) as f64 / 2.0,
-        Schedule::Interleaved => {
-            let v = job.parallel.vpp as u64;
-            let chunks = (2 * (p - i - 1) + (v - 1) * p + 1).min(m * v);
+        Schedule::Interleaved | Schedule::OneFOneBOverlap => {
+            let extra = warmup_extra(job);
+            let chunks = (2 * (p - i - 1) + (v - 1) * p + 1 + extra).min(m * v);
             chunks as f64 / v as f64
         }
+    }
+}
+
+/// Chunk forwards the schedule's warm-up runs beyond Megatron's interleaved (or plain 1F1B)
+/// count: one for the combined 1F1B of `"1f1b-overlap"`, so that a steady-state pair never
+/// holds a forward and its own backward ([`crate::schedules::overlapped_1f1b_steps`]).
+fn warmup_extra(job: &Job) -> u64 {
+    (job.parallel.schedule == Schedule::OneFOneBOverlap) as u64
+}
+
+/// Whether the job's ranks run Megatron's interleaved order over several model chunks (the
+/// interleaved schedule, and 1F1B with EP overlap on an interleaved pipeline).
+fn interleaved_order(job: &Job) -> bool {
+    match job.parallel.schedule {
+        Schedule::Interleaved => true,
+        Schedule::OneFOneBOverlap => job.parallel.vpp > 1,
+        _ => false,
     }
 }
 
@@ -438,9 +458,17 @@ pub fn dualpipe_chunk_in_flight(job: &Job, stage: u32) -> [f64; 2] {
 
 /// Peak number of micro-batches of one model chunk in flight on pipeline rank `rank` under
 /// Megatron's interleaved 1F1B order: forward `k` runs chunk `(k mod pv) / p`, backward `k`
-/// chunk `v - 1 - (k mod pv) / p`; `2 (p - rank - 1) + (v - 1) p` warm-up forwards, then
-/// forward/backward pairs, then the remaining backwards.
-fn interleaved_chunk_peak(p: u64, v: u64, m: u64, rank: u64, chunk: Option<u64>) -> u64 {
+/// chunk `v - 1 - (k mod pv) / p`; `2 (p - rank - 1) + (v - 1) p + extra` warm-up forwards
+/// (`extra` = 1 for the combined 1F1B of `"1f1b-overlap"`), then forward/backward pairs, then
+/// the remaining backwards.
+fn interleaved_chunk_peak(
+    p: u64,
+    v: u64,
+    m: u64,
+    rank: u64,
+    chunk: Option<u64>,
+    extra: u64,
+) -> u64 {
     let weights: Vec<f64> = (0..v)
         .map(|c| {
             if chunk.is_none_or(|x| x == c) {
@@ -451,7 +479,7 @@ fn interleaved_chunk_peak(p: u64, v: u64, m: u64, rank: u64, chunk: Option<u64>)
         })
         .collect();
     // Sums of 0/1 weights: exact in f64.
-    interleaved_weighted_peak(p, v, m, rank, &weights) as u64
+    interleaved_weighted_peak(p, v, m, rank, &weights, extra) as u64
 }
 
 /// Bytes of transformer-layer activations pipeline rank `stage` holds at its peak: the
@@ -500,7 +528,7 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
             let n = dualpipe_chunk_in_flight(job, stage);
             return weights[0] * n[0] + weights[1] * n[1];
         }
-        if p.schedule != Schedule::Interleaved {
+        if !interleaved_order(job) {
             return weights.iter().sum::<f64>() * in_flight_microbatches(job, stage);
         }
         return interleaved_weighted_peak(
@@ -509,6 +537,7 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
             job.micro_batches(),
             stage as u64,
             &weights,
+            warmup_extra(job),
         );
     }
     let chunk_bytes = |n: usize| {
@@ -526,7 +555,7 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
     if even && input == 0.0 {
         return layers as f64 * in_flight_microbatches(job, stage) * per_layer;
     }
-    if p.schedule != Schedule::Interleaved {
+    if !interleaved_order(job) {
         return chunk_bytes(layers as usize) * in_flight_microbatches(job, stage);
     }
     let weights: Vec<f64> = chunks.iter().map(|r| chunk_bytes(r.len())).collect();
@@ -536,15 +565,23 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
         job.micro_batches(),
         stage as u64,
         &weights,
+        warmup_extra(job),
     )
 }
 
 /// Peak of `sum over chunks c of weights[c] x (micro-batches of chunk c in flight)` on pipeline
 /// rank `rank` under Megatron's interleaved 1F1B order (the order [`interleaved_chunk_peak`]
 /// describes).
-fn interleaved_weighted_peak(p: u64, v: u64, m: u64, rank: u64, weights: &[f64]) -> f64 {
+fn interleaved_weighted_peak(
+    p: u64,
+    v: u64,
+    m: u64,
+    rank: u64,
+    weights: &[f64],
+    extra: u64,
+) -> f64 {
     let total = m * v;
-    let warmup = (2 * (p - rank - 1) + (v - 1) * p).min(total);
+    let warmup = (2 * (p - rank - 1) + (v - 1) * p + extra).min(total);
     let fwd_chunk = |k: u64| ((k % (p * v)) / p) as usize;
     let bwd_chunk = |k: u64| (v - 1 - (k % (p * v)) / p) as usize;
     let (mut live, mut peak) = (0.0f64, 0.0f64);
@@ -562,7 +599,7 @@ fn interleaved_weighted_peak(p: u64, v: u64, m: u64, rank: u64, weights: &[f64])
 /// per-micro-batch extras (embedding dropout mask; LM head and loss tensors) at the peak.
 fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
     match job.parallel.schedule {
-        Schedule::GPipe | Schedule::OneFOneB | Schedule::OneFOneBOverlap => {
+        _ if !interleaved_order(job) && job.parallel.schedule != Schedule::DualPipe => {
             in_flight_microbatches(job, stage)
         }
         Schedule::DualPipe => {
@@ -572,11 +609,12 @@ fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
             let chunk = if stage == target { 0 } else { 1 };
             dualpipe_chunk_in_flight(job, stage)[chunk]
         }
-        Schedule::Interleaved => {
+        _ => {
             let p = job.parallel.pp as u64;
             let v = job.parallel.vpp as u64;
             let chunk = if first { 0 } else { v - 1 };
-            interleaved_chunk_peak(p, v, job.micro_batches(), stage as u64, Some(chunk)) as f64
+            let m = job.micro_batches();
+            interleaved_chunk_peak(p, v, m, stage as u64, Some(chunk), warmup_extra(job)) as f64
         }
     }
 }
@@ -840,7 +878,7 @@ mod tests {
                 assert!((first - pf * (1.0 + (pf - 1.0) / (pf * v as f64))).abs() < 1e-12);
             }
             for r in 0..p {
-                let sim = interleaved_chunk_peak(p, v, m, r, None) as f64 / v as f64;
+                let sim = interleaved_chunk_peak(p, v, m, r, None, 0) as f64 / v as f64;
                 assert_eq!(
                     in_flight_microbatches(&job, r as u32),
                     sim,
@@ -848,7 +886,7 @@ mod tests {
                 );
             }
             // The last chunk of the last rank holds at most 2 micro-batches at a time.
-            assert!(interleaved_chunk_peak(p, v, m, p - 1, Some(v - 1)) <= 2);
+            assert!(interleaved_chunk_peak(p, v, m, p - 1, Some(v - 1), 0) <= 2);
         }
     }
 

@@ -28,10 +28,21 @@
 //! longest step (e.g. 5.04 against 4.77 chunk times `F + B + W` at PP 16, 2.16 against 1.89
 //! at PP 8; docs/models.md), and below it when `W > B` or forwards are long.
 //!
-//! **1F1B with EP overlap** (Megatron-Core's combined 1F1B): on one pipeline stage, forward
-//! `k + 1` overlapped with backward `k`. With several stages Megatron-Core pairs chunks of
-//! different virtual stages; pairing a stage's forward and backward of the same step would
-//! chain every stage's pair behind the next stage's, so Prism accepts it for `pp = 1` only.
+//! **1F1B with EP overlap** (Megatron-Core's combined 1F1B, `--overlap-moe-expert-parallel-comm`,
+//! `megatron/core/pipeline_parallel/combined_1f1b.py`): the 1F1B order with one more warm-up
+//! forward, after which every steady-state step runs the next forward and the next backward as
+//! one overlapped pair. On one pipeline stage that is forward `k + 1` with backward `k`. With
+//! pipeline stages Megatron-Core requires the interleaved schedule (it asserts
+//! `virtual_pipeline_model_parallel_size` is set when `pp > 1`): the warm-up is the interleaved
+//! one plus one, `2 (pp - r - 1) + (vpp - 1) pp + 1` chunk forwards on rank `r`, and the pairs
+//! follow the interleaved order ([`overlapped_1f1b_steps`]). Without virtual stages a pair on
+//! stage `s` would wait for the backward input from stage `s + 1`'s pair of the same step, which
+//! waits for stage `s + 2`'s, so every step would chain through all stages and the bubble would
+//! grow with the micro-batch count (tested); the virtual stages make the backward input arrive
+//! a round earlier. With communication free and a pair taking `F + B` (its kernels share one
+//! compute stream, outputs sent when it ends) the bubble is the interleaved schedule's,
+//! `(pp - 1)(F + B) / vpp` in stage times ([`overlapped_1f1b_bubble`]): the extra warm-up
+//! forward costs no time, only one more chunk of activations in flight.
 
 use crate::job::{Job, JobError, Schedule};
 
@@ -237,42 +248,99 @@ fn dualpipe_schedule(rank: u32, pp: u32, m: u32, zb: bool) -> Vec<PipeStep> {
     out
 }
 
-/// 1F1B with expert-parallel communication overlap (one pipeline stage, `p = 1`) with `m`
-/// micro-batches: forward 0, then each forward `k + 1` overlapped with backward `k`, then the
-/// last backward (Megatron-Core's combined 1F1B; a pair never holds a forward and the
-/// backward that depends on it).
-pub fn overlapped_1f1b_steps(stage: u32, p: u32, m: u32) -> Vec<PipeStep> {
-    debug_assert!(stage == 0 && p == 1, "validated: pp = 1");
-    let mut out = Vec::with_capacity(2 * m as usize);
-    out.push(PipeStep::Forward(0, 0));
-    for k in 0..m.saturating_sub(1) {
-        out.push(PipeStep::ForwardBackward((k + 1, 0), (k, 0)));
-    }
-    out.push(PipeStep::Backward(m - 1, 0));
+/// 1F1B with expert-parallel communication overlap on pipeline rank `stage` of `p` with `m`
+/// micro-batches over `v` model chunks (jobs: `v = 1` only with `p = 1`): Megatron-Core's combined
+/// 1F1B. The warm-up runs the plain (interleaved when `v > 1`) schedule's warm-up forwards plus
+/// one, `min(2 (p - stage - 1) + (v - 1) p + 1, m v)`; each steady-state step then pairs the next
+/// forward with the next backward in the interleaved order (micro-batches in groups of `p`,
+/// Megatron's default `microbatch_group_size_per_vp_stage`); the cool-down runs the remaining
+/// backwards. A pair never holds a forward and the backward that depends on it (the forward is
+/// at least one full round ahead).
+pub fn overlapped_1f1b_steps(stage: u32, p: u32, m: u32, v: u32) -> Vec<PipeStep> {
+    let total = m * v;
+    let fwd = |k: u32| ((k / (p * v)) * p + k % p, (k % (p * v)) / p);
+    let bwd = |k: u32| ((k / (p * v)) * p + k % p, v - 1 - (k % (p * v)) / p);
+    // Plain 1F1B's warm-up with one chunk (jobs allow that for `p = 1` only; the schedule
+    // itself is defined for any `p`, which the tests use), the interleaved one with more.
+    let warmup = if v == 1 {
+        p - stage - 1
+    } else {
+        2 * (p - stage - 1) + (v - 1) * p
+    };
+    let warmup = (warmup + 1).min(total);
+    let mut out = Vec::with_capacity(2 * total as usize);
+    out.extend((0..warmup).map(|k| {
+        let (mb, c) = fwd(k);
+        PipeStep::Forward(mb, c)
+    }));
+    out.extend((0..total - warmup).map(|j| PipeStep::ForwardBackward(fwd(warmup + j), bwd(j))));
+    out.extend((total - warmup..total).map(|j| {
+        let (mb, c) = bwd(j);
+        PipeStep::Backward(mb, c)
+    }));
     out
 }
 
-/// Checks the rules of 1F1B with expert-parallel overlap.
+/// Checks the rules of 1F1B with expert-parallel overlap (Megatron-Core's assertions that
+/// concern the schedule): one model chunk without pipeline stages, at least two (an interleaved
+/// pipeline, micro-batches divisible by `pp`) with them, and no full recomputation.
 pub fn validate_overlapped_1f1b(job: &Job) -> Result<(), JobError> {
-    if job.parallel.pp != 1 {
+    let p = &job.parallel;
+    if p.pp == 1 && p.vpp != 1 {
         return Err(JobError::new(
-            "parallel.schedule",
+            "parallel.vpp",
             format!(
-                "\"1f1b-overlap\" is modelled for pp = 1 only (got pp = {}): with pipeline \
-                 stages Megatron-Core overlaps chunks of different virtual stages, which Prism \
-                 does not model yet; use \"dualpipe\" or \"1f1b\"",
-                job.parallel.pp
+                "\"1f1b-overlap\" on one pipeline stage needs vpp = 1 (got {})",
+                p.vpp
             ),
+        ));
+    }
+    if p.pp > 1 && p.vpp < 2 {
+        return Err(JobError::new(
+            "parallel.vpp",
+            format!(
+                "\"1f1b-overlap\" with pp = {} needs vpp >= 2 (got {}): Megatron-Core overlaps \
+                 chunks of different virtual stages; with one chunk per rank every pair would \
+                 wait for the next stage's pair of the same step",
+                p.pp, p.vpp
+            ),
+        ));
+    }
+    let m = job.micro_batches();
+    if p.pp > 1 && !m.is_multiple_of(p.pp as u64) {
+        return Err(JobError::new(
+            "training.global_batch",
+            format!(
+                "\"1f1b-overlap\" with pp > 1 runs the interleaved order, which needs the \
+                 micro-batch count ({m}) divisible by pp ({})",
+                p.pp
+            ),
+        ));
+    }
+    if p.recompute == crate::job::Recompute::Full {
+        return Err(JobError::new(
+            "parallel.recompute",
+            "\"1f1b-overlap\" does not run with full recomputation (Megatron-Core refuses the \
+             combination); use \"selective\" or \"none\"",
         ));
     }
     Ok(())
 }
 
+/// 1F1B-with-EP-overlap's pipeline bubble per rank, `(PP - 1)(F + B) / VPP` with `F` and `B`
+/// a stage's whole forward and backward (chunk times `F / VPP`, `B / VPP`): the interleaved
+/// schedule's, for uniform chunks, communication free and a pair taking `F + B` of its chunks.
+/// Derived by evaluating [`overlapped_1f1b_steps`]' max-plus recurrence (test
+/// `overlapped_1f1b_bubble_matches_the_schedule`; the engine in `tests/models.rs`).
+pub fn overlapped_1f1b_bubble(pp: u32, vpp: u32, f: f64, b: f64) -> f64 {
+    (pp as f64 - 1.0) * (f + b) / vpp as f64
+}
+
 /// The steps of an overlapping schedule, or `None` for the plain schedules.
-pub fn pipe_steps(kind: Schedule, stage: u32, p: u32, m: u32) -> Option<Vec<PipeStep>> {
+pub fn pipe_steps(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Option<Vec<PipeStep>> {
     match kind {
         Schedule::DualPipe => Some(dualpipe_steps(stage, p, m)),
-        Schedule::OneFOneBOverlap => Some(overlapped_1f1b_steps(stage, p, m)),
+        Schedule::OneFOneBOverlap => Some(overlapped_1f1b_steps(stage, p, m, v)),
         _ => None,
     }
 }
@@ -592,7 +660,7 @@ mod tests {
     #[test]
     fn overlapped_1f1b_pairs_each_forward_with_the_previous_backward() {
         for m in [1u32, 2, 5] {
-            let steps = overlapped_1f1b_steps(0, 1, m);
+            let steps = overlapped_1f1b_steps(0, 1, m, 1);
             let (f, b) = count(&steps);
             assert_eq!(f, (0..m).map(|k| (k, 0)).collect::<Vec<_>>());
             assert_eq!(b, (0..m).map(|k| (k, 0)).collect::<Vec<_>>());
@@ -602,6 +670,185 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Max-plus evaluation of 1F1B-with-overlap's steps on `p` ranks, `v` chunks each (virtual
+    /// stage `c p + r` on rank `r`): a forward waits for the previous virtual stage's forward
+    /// of its micro-batch, a backward for the next virtual stage's backward (the last virtual
+    /// stage for its own forward); chunk times `f`, `b`; a pair starts when both inputs are in
+    /// and the rank is free, takes `f + b` and sends both outputs when it ends, as the graph
+    /// builder does; communication free. `overlap = false` evaluates the plain (interleaved)
+    /// 1F1B order of [`crate::graph::schedule`] instead. Returns the bubble `T - m v (f + b)`.
+    fn overlap_max_plus_bubble(p: u32, m: u32, v: u32, f: i64, b: i64, overlap: bool) -> i64 {
+        use std::collections::BTreeMap;
+        type Item = (bool, u32, u32); // (forward, micro-batch, chunk)
+        let steps: Vec<Vec<Vec<Item>>> = (0..p)
+            .map(|r| {
+                if overlap {
+                    (overlapped_1f1b_steps(r, p, m, v).into_iter())
+                        .map(|st| match st {
+                            PipeStep::Forward(a, c) => vec![(true, a, c)],
+                            PipeStep::Backward(a, c) => vec![(false, a, c)],
+                            PipeStep::ForwardBackward(x, y) => {
+                                vec![(true, x.0, x.1), (false, y.0, y.1)]
+                            }
+                            _ => unreachable!(),
+                        })
+                        .collect()
+                } else {
+                    let kind = if v == 1 {
+                        Schedule::OneFOneB
+                    } else {
+                        Schedule::Interleaved
+                    };
+                    (crate::graph::schedule(kind, r, p, m, v).into_iter())
+                        .map(|s| vec![(s.forward, s.micro_batch, s.chunk)])
+                        .collect()
+                }
+            })
+            .collect();
+        let last = p * v - 1;
+        let mut done: BTreeMap<(bool, u32, u32), i64> = BTreeMap::new(); // (fwd, mb, vstage)
+        let (mut pos, mut free) = (vec![0usize; p as usize], vec![0i64; p as usize]);
+        loop {
+            let mut progressed = false;
+            for r in 0..p {
+                let ri = r as usize;
+                while let Some(step) = steps[ri].get(pos[ri]) {
+                    let mut start = free[ri];
+                    let mut ready = true;
+                    for &(fw, mb, c) in step {
+                        let vs = c * p + r;
+                        let need = match (fw, vs) {
+                            (true, 0) => None,
+                            (true, _) => Some((true, mb, vs - 1)),
+                            (false, x) if x == last => Some((true, mb, vs)),
+                            (false, _) => Some((false, mb, vs + 1)),
+                        };
+                        if let Some(n) = need {
+                            match done.get(&n) {
+                                Some(&t) => start = start.max(t),
+                                None => ready = false,
+                            }
+                        }
+                    }
+                    if !ready {
+                        break;
+                    }
+                    let dur: i64 = step.iter().map(|&(fw, ..)| if fw { f } else { b }).sum();
+                    for &(fw, mb, c) in step {
+                        done.insert((fw, mb, c * p + r), start + dur);
+                    }
+                    free[ri] = start + dur;
+                    pos[ri] += 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        assert!(
+            (0..p as usize).all(|r| pos[r] == steps[r].len()),
+            "deadlock p {p} m {m} v {v}"
+        );
+        free.iter().max().unwrap() - (m * v) as i64 * (f + b)
+    }
+
+    /// Truth: Megatron-Core's combined 1F1B covers every (micro-batch, chunk) once forward and
+    /// once backward, each backward after its forward and never in the same pair; its warm-up
+    /// is the interleaved one plus one forward; and with uniform chunks its bubble is the
+    /// interleaved schedule's `(p - 1)(f + b)` for every `m` (max-plus evaluation, exact
+    /// integers), while pairing without virtual stages (`v = 1`, `p > 1`) chains the stages and
+    /// the bubble grows with `m`, the reason Megatron-Core (and the job check) needs `vpp >= 2`.
+    #[test]
+    fn overlapped_1f1b_bubble_matches_the_schedule() {
+        for (p, v) in [(1u32, 1u32), (2, 2), (4, 2), (4, 3), (8, 4), (16, 8)] {
+            for m in [p, 2 * p, 4 * p].map(|x| x.max(2)) {
+                for r in 0..p {
+                    let steps = overlapped_1f1b_steps(r, p, m, v);
+                    let (mut f, mut b) = count(&steps);
+                    f.sort_unstable();
+                    b.sort_unstable();
+                    let want: Ids = (0..m).flat_map(|mb| (0..v).map(move |c| (mb, c))).collect();
+                    assert_eq!((&f, &b), (&want, &want), "p {p} v {v} m {m} r {r}");
+                    let plain_warmup = if v == 1 {
+                        p - r - 1
+                    } else {
+                        2 * (p - r - 1) + (v - 1) * p
+                    };
+                    let warm = steps
+                        .iter()
+                        .take_while(|s| matches!(s, PipeStep::Forward(..)))
+                        .count() as u32;
+                    assert_eq!(
+                        warm,
+                        (plain_warmup + 1).min(m * v),
+                        "p {p} v {v} m {m} r {r}"
+                    );
+                    let flat = crate::graph::schedule(Schedule::OneFOneBOverlap, r, p, m, v);
+                    for (i, st) in flat.iter().enumerate().filter(|(_, s)| !s.forward) {
+                        let fwd = flat.iter().position(|x| {
+                            x.forward && (x.micro_batch, x.chunk) == (st.micro_batch, st.chunk)
+                        });
+                        assert!(fwd.is_some_and(|j| j < i), "p {p} v {v} m {m} r {r}");
+                    }
+                    for st in &steps {
+                        if let PipeStep::ForwardBackward(x, y) = st {
+                            assert_ne!(x, y);
+                        }
+                    }
+                }
+                for (fc, bc) in [(1i64, 2i64), (1, 1), (2, 1), (1, 3)] {
+                    let got = overlap_max_plus_bubble(p, m, v, fc, bc, true);
+                    let plain = overlap_max_plus_bubble(p, m, v, fc, bc, false);
+                    let cf = overlapped_1f1b_bubble(
+                        p,
+                        v,
+                        (v as i64 * fc) as f64,
+                        (v as i64 * bc) as f64,
+                    );
+                    assert_eq!(got as f64, cf, "p {p} v {v} m {m} f {fc} b {bc}");
+                    assert_eq!(got, plain, "p {p} v {v} m {m}");
+                }
+            }
+        }
+        // One chunk per rank on several stages: every step waits for the whole chain.
+        for p in [2u32, 4, 8] {
+            let small = overlap_max_plus_bubble(p, 2 * p, 1, 1, 2, true);
+            let large = overlap_max_plus_bubble(p, 4 * p, 1, 1, 2, true);
+            assert!(
+                small > overlap_max_plus_bubble(p, 2 * p, 1, 1, 2, false),
+                "p {p}"
+            );
+            assert!(large > small, "p {p}: {large} vs {small}");
+        }
+    }
+
+    /// Truth: the job check follows Megatron-Core's rules for the combined 1F1B and names the
+    /// key: vpp >= 2 with pipeline stages, vpp = 1 without, micro-batches divisible by pp,
+    /// no full recomputation.
+    #[test]
+    fn overlapped_1f1b_job_rules() {
+        use crate::arch::fixtures::small_deepseek_job;
+        use crate::job::Recompute;
+        let base = |pp: u32, vpp: u32, gb: u32| {
+            let mut j = small_deepseek_job(pp, 1, pp, gb, 8);
+            j.model.layers = 2 * pp * vpp;
+            j.model.arch.moe_first_dense_layers = 0;
+            j.parallel.vpp = vpp;
+            j.parallel.schedule = Schedule::OneFOneBOverlap;
+            j
+        };
+        assert!(base(2, 2, 8 * 4).validate().is_ok());
+        assert!(base(1, 1, 8 * 4).validate().is_ok());
+        let key = |j: Job| j.validate().unwrap_err().key;
+        assert_eq!(key(base(2, 1, 8 * 4)), "parallel.vpp");
+        assert_eq!(key(base(1, 2, 8 * 4)), "parallel.vpp");
+        assert_eq!(key(base(2, 2, 8 * 3)), "training.global_batch");
+        let mut full = base(2, 2, 8 * 4);
+        full.parallel.recompute = Recompute::Full;
+        assert_eq!(key(full), "parallel.recompute");
     }
 
     #[test]

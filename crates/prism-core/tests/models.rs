@@ -356,6 +356,8 @@ fn overlapping_schedules_reduced_and_slice_equal_full() {
         pipe_job(4, 8, Schedule::DualPipe),
         pipe_job(2, 4, Schedule::DualPipe),
         pipe_job(1, 8, Schedule::OneFOneBOverlap),
+        interleaved_overlap_job(4, 2, 8),
+        interleaved_overlap_job(2, 3, 4),
     ]
     .into_iter()
     .chain(variants)
@@ -436,7 +438,7 @@ fn step_timeline(job: &Job, pair_end: bool) -> f64 {
     use prism_core::schedules::{PipeStep, pipe_steps};
     // (phase, micro-batch, chunk) per rank, in order.
     let steps: Vec<Vec<(Phase, u32, u32)>> = (0..pp)
-        .map(|r| match pipe_steps(job.parallel.schedule, r, pp, m) {
+        .map(|r| match pipe_steps(job.parallel.schedule, r, pp, m, 1) {
             Some(steps) => steps
                 .into_iter()
                 .flat_map(|st| match st {
@@ -466,8 +468,8 @@ fn step_timeline(job: &Job, pair_end: bool) -> f64 {
     // Forwards overlapped with the backward after them: (rank, micro-batch, chunk).
     let mut paired = std::collections::BTreeSet::new();
     for r in 0..pp {
-        for st in
-            prism_core::schedules::pipe_steps(job.parallel.schedule, r, pp, m).unwrap_or_default()
+        for st in prism_core::schedules::pipe_steps(job.parallel.schedule, r, pp, m, 1)
+            .unwrap_or_default()
         {
             if let prism_core::schedules::PipeStep::ForwardBackward(f, _) = st {
                 paired.insert((r, f.0, f.1));
@@ -734,6 +736,103 @@ fn dualpipe_bubble_equals_the_exact_closed_form() {
     }
 }
 
+/// A DeepSeek-style MoE job on `pp` stages of one node each (ep 8 inside the node) running
+/// Megatron-Core's combined 1F1B over `v` virtual stages (two layers per chunk), `m`
+/// micro-batches per pipeline.
+fn interleaved_overlap_job(pp: u32, v: u32, m: u32) -> Job {
+    use prism_core::job::Schedule;
+    let mut job = small_deepseek_job(pp, 1, pp, 8 * m, 8);
+    job.model.layers = 2 * pp * v;
+    job.model.arch.moe_first_dense_layers = 0;
+    job.parallel.vpp = v;
+    job.parallel.schedule = Schedule::OneFOneBOverlap;
+    valid(job)
+}
+
+/// Truth: on an interleaved pipeline, Megatron-Core's combined 1F1B (1F1B with EP overlap,
+/// one more warm-up forward, then forward/backward pairs) has the interleaved schedule's
+/// bubble `(PP - 1)(F + B) / VPP` (`schedules::overlapped_1f1b_bubble`, derived from the
+/// schedule's max-plus recurrence) when communication is free and every chunk is alike: the
+/// engine's idle time equals it within 1 ns.
+#[test]
+fn interleaved_1f1b_overlap_bubble_equals_the_closed_form() {
+    use prism_core::cost::compute::{ComputeModel, ComputeParams, KernelTable, shape_key};
+    use prism_core::graph::Phase;
+    use prism_core::schedules::overlapped_1f1b_bubble;
+    const EXTRAS: [&str; 9] = [
+        "embedding_fwd",
+        "embedding_bwd",
+        "final_norm_fwd",
+        "final_norm_bwd",
+        "lm_head_fwd",
+        "lm_head_dgrad",
+        "lm_head_wgrad",
+        "loss_fwd",
+        "loss_bwd",
+    ];
+    for (pp, v, m) in [(2u32, 2u32, 4u32), (4, 2, 8), (4, 3, 12), (8, 2, 16)] {
+        let mut job = interleaved_overlap_job(pp, v, m);
+        job.model.vocab = 8;
+        let job = valid(job);
+        let g = ExecutionGraph::build(&job);
+        let mut table = KernelTable::new();
+        for p in &g.programs {
+            for k in &p.kind {
+                if let OpKind::Compute(op) = k
+                    && EXTRAS.contains(&op.name)
+                {
+                    table.insert(op.name, &shape_key(&op.work), "bf16", 0.0);
+                }
+            }
+        }
+        let params = ComputeParams {
+            launch_overhead_s: 0.0,
+            ..ComputeParams::for_gpu(&job.cluster.gpu)
+        };
+        let cm = ComputeModel::new(&job, params.clone(), Some(table.clone()));
+        // A stage's whole forward and backward of one micro-batch (all its chunks).
+        let p = &g.programs[(pp / 2) as usize];
+        let (mut f, mut b) = (0u64, 0u64);
+        for (i, k) in p.kind.iter().enumerate() {
+            if let OpKind::Compute(op) = k
+                && p.tag[i].micro_batch == 1
+            {
+                match p.tag[i].phase {
+                    Phase::Forward => f += cm.time_ps(op),
+                    Phase::Backward | Phase::Weight => b += cm.time_ps(op),
+                    _ => {}
+                }
+            }
+        }
+        let (f, b) = (f as f64 * 1e-12, b as f64 * 1e-12);
+        let opts = SimOptions {
+            ideal_network: true,
+            compute: Some(params),
+            kernel_table: Some(table),
+            ..SimOptions::default()
+        };
+        let r = simulate(&job, &opts).unwrap();
+        let want = overlapped_1f1b_bubble(pp, v, f, b);
+        for rank in [0, r.ranks.len() - 1] {
+            let bubble = r.ranks[rank].breakdown.bubble_s;
+            let idle = r.summary.iteration_time_s - r.ranks[rank].compute_s;
+            assert!((bubble - idle).abs() < 1e-12, "pp {pp}: idle only");
+            eprintln!(
+                "[1F1B-overlap pp {pp} vpp {v} m {m} rank {rank}] F {:.1} us, B {:.1} us; bubble: \
+                 engine {:.3} us, closed form {:.3} us",
+                f * 1e6,
+                b * 1e6,
+                bubble * 1e6,
+                want * 1e6
+            );
+            assert!(
+                (bubble - want).abs() < 1e-9,
+                "pp {pp} vpp {v}: {bubble} vs {want}"
+            );
+        }
+    }
+}
+
 /// Truth: overlapping the expert all-to-all with the other chunk's compute never slows an
 /// iteration and hides all-to-all time: DualPipe against 1F1B on the same pipeline, and
 /// 1F1B-overlap against 1F1B on one stage, for an MoE job whose expert parallelism crosses
@@ -765,6 +864,40 @@ fn overlap_hides_all_to_all() {
         );
         assert!(sa.iteration_time_s < sb.iteration_time_s, "{a:?}");
         assert!(sa.breakdown.ep_s < sb.breakdown.ep_s, "{a:?}");
+    }
+    // The combined 1F1B on an interleaved pipeline (pp 2, vpp 2) against the interleaved
+    // schedule itself, ep 16 over two nodes per stage.
+    let mut ja = small_deepseek_job(4, 1, 2, 16 * 16, 16);
+    ja.model.layers = 8;
+    ja.model.arch.moe_first_dense_layers = 0;
+    if let Some(e) = ja.model.moe.as_mut() {
+        e.experts = 16;
+    }
+    ja.parallel.vpp = 2;
+    ja.parallel.schedule = Schedule::OneFOneBOverlap;
+    let ja = valid(ja);
+    let mut jb = ja.clone();
+    jb.parallel.schedule = Schedule::Interleaved;
+    let jb = valid(jb);
+    let (sa, sb) = (run(&ja), run(&jb));
+    eprintln!(
+        "[interleaved 1F1B-overlap vs interleaved] {:.6} s (exposed EP {:.6}) vs {:.6} s \
+         (exposed EP {:.6})",
+        sa.iteration_time_s, sa.breakdown.ep_s, sb.iteration_time_s, sb.breakdown.ep_s
+    );
+    assert!(sa.iteration_time_s < sb.iteration_time_s);
+    assert!(sa.breakdown.ep_s < sb.breakdown.ep_s);
+    // One more chunk forward in flight: 1/vpp of a stage's activations more on every rank.
+    for stage in 0..2 {
+        let (a, b) = (
+            memory::in_flight_microbatches(&ja, stage),
+            memory::in_flight_microbatches(&jb, stage),
+        );
+        assert_eq!(a, b + 0.5, "stage {stage}");
+        assert!(
+            memory::stage_memory(&ja, stage).activations
+                > memory::stage_memory(&jb, stage).activations
+        );
     }
 }
 

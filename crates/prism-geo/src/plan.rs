@@ -309,7 +309,9 @@ fn base_parallel(job: &mut Job, pp: u32, dp: u32, mb: u32, layers: Option<u32>, 
     p.first_stage_layers = layers;
     p.last_stage_layers = layers;
     p.order = order;
-    if p.schedule == Schedule::Interleaved {
+    // One model chunk per rank: the interleaved schedule, and the combined 1F1B with pipeline
+    // stages (which needs several chunks), become plain 1F1B.
+    if p.schedule == Schedule::Interleaved || (p.schedule == Schedule::OneFOneBOverlap && pp > 1) {
         p.schedule = Schedule::OneFOneB;
     }
     // Experts stay inside the data-parallel group as given (ep must divide dp).

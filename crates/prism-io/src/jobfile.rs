@@ -309,6 +309,7 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("comm_sms", Ty::U32),
     fld("order", Ty::Str),
     fld("use_tp_pp_dp_mapping", Ty::Bool),
+    fld("overlap_moe_expert_parallel_comm", Ty::Bool),
     fld("zero_stage", Ty::U32),
     fld("grad_reduce_in_bf16", Ty::Bool),
     fld("pp_scatter_gather", Ty::Bool),
@@ -2625,7 +2626,7 @@ fn build_parallel(
         },
     };
     let distributed_optimizer = dist_given.unwrap_or(zero_stage >= 1);
-    let schedule = match g.choice(
+    let given_schedule = g.choice(
         "schedule",
         &[
             ("1f1b", Schedule::OneFOneB),
@@ -2634,9 +2635,26 @@ fn build_parallel(
             ("dualpipe", Schedule::DualPipe),
             ("1f1b-overlap", Schedule::OneFOneBOverlap),
         ],
-    )? {
-        Some(s) => s,
-        None => {
+    )?;
+    // Megatron-Core's flag for the combined 1F1B, accepted as written.
+    let ep_overlap = g.bool("overlap_moe_expert_parallel_comm")?;
+    let schedule = match (given_schedule, ep_overlap) {
+        (Some(s), Some(true)) if s != Schedule::OneFOneBOverlap => {
+            return Err(g.ctx.error(
+                Some("parallel.overlap_moe_expert_parallel_comm"),
+                "true means schedule = \"1f1b-overlap\", which contradicts parallel.schedule \
+                 (give one of the two)",
+            ));
+        }
+        (Some(Schedule::OneFOneBOverlap), Some(false)) => {
+            return Err(g.ctx.error(
+                Some("parallel.overlap_moe_expert_parallel_comm"),
+                "false contradicts parallel.schedule = \"1f1b-overlap\" (give one of the two)",
+            ));
+        }
+        (Some(s), _) => s,
+        (None, Some(true)) => Schedule::OneFOneBOverlap,
+        (None, _) => {
             sources.insert(
                 "parallel.schedule".into(),
                 Src::Derived(

@@ -1910,3 +1910,38 @@ global_batch = 128
         &["needs model.moe_experts"],
     );
 }
+
+/// Megatron-Core's `overlap_moe_expert_parallel_comm` flag selects the combined 1F1B
+/// (`schedule = "1f1b-overlap"`); contradicting `schedule` names the flag, and the schedule's
+/// own rule (virtual stages with pp > 1) names `parallel.vpp`.
+#[test]
+fn ep_overlap_flag_selects_the_combined_1f1b() {
+    use prism_core::job::Schedule;
+    let j = ok(
+        SMALL,
+        &[
+            "parallel.overlap_moe_expert_parallel_comm=true",
+            "parallel.vpp=2",
+        ],
+    );
+    assert_eq!(j.job.parallel.schedule, Schedule::OneFOneBOverlap);
+    assert_eq!(j.job.parallel.vpp, 2);
+    let j = ok(SMALL, &["parallel.overlap_moe_expert_parallel_comm=false"]);
+    assert_eq!(j.job.parallel.schedule, Schedule::OneFOneB);
+    fails(
+        SMALL,
+        &[
+            "parallel.overlap_moe_expert_parallel_comm=true",
+            "parallel.schedule=interleaved",
+            "parallel.vpp=2",
+        ],
+        "parallel.overlap_moe_expert_parallel_comm",
+        &["contradicts parallel.schedule"],
+    );
+    fails(
+        SMALL,
+        &["parallel.overlap_moe_expert_parallel_comm=true"],
+        "parallel.vpp",
+        &["needs vpp >= 2"],
+    );
+}

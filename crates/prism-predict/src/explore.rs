@@ -228,7 +228,15 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
                                 p.recompute = recompute;
                                 p.set_distributed_optimizer(dist);
                                 p.sequence_parallel = sp(tp);
-                                p.schedule = if vpp > 1 {
+                                // A job running Megatron-Core's combined 1F1B keeps it
+                                // wherever its rules allow (one chunk without pipeline
+                                // stages, several with them, no full recompute).
+                                let overlap = base.parallel.schedule == Schedule::OneFOneBOverlap
+                                    && (pp == 1) == (vpp == 1)
+                                    && recompute != Recompute::Full;
+                                p.schedule = if overlap {
+                                    Schedule::OneFOneBOverlap
+                                } else if vpp > 1 {
                                     Schedule::Interleaved
                                 } else {
                                     Schedule::OneFOneB
