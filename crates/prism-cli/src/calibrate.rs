@@ -580,13 +580,13 @@ fn generation_of(case: &Case) -> Option<&'static str> {
     let job = prism_io::jobfile::load_job_str(&case.job_toml, &case.id, None, &[])
         .ok()?
         .job;
-    let n = job.cluster.gpu.name.to_ascii_uppercase();
-    if n.contains("A100") {
-        Some("a100")
-    } else if n.contains("H100") {
-        Some("h100")
-    } else {
-        None
+    // The generations whose parameters the simulator shares (compute::Generation): the
+    // A800 with the A100, the H800 (an H100 with fewer NVLink links) with the H100.
+    use prism_core::cost::compute::Generation;
+    match Generation::of(&job.cluster.gpu) {
+        Generation::Ampere => Some("a100"),
+        Generation::Hopper => Some("h100"),
+        Generation::H200 | Generation::Blackwell => None,
     }
 }
 

@@ -81,13 +81,36 @@ impl StageParams {
     }
 }
 
+/// Parameters of transformer layer `l` (0-based, whole model) on one GPU after tensor and
+/// expert parallelism: attention and norms, then a dense MLP, or a MoE layer's router and
+/// shared experts (dense) and its local routed experts (expert).
+pub fn layer_params_at(job: &Job, l: u32) -> StageParams {
+    let m = &job.model;
+    let tp = job.parallel.tp as u64;
+    let h = m.hidden as u64;
+    let (mlp_dense, expert) = match &m.moe {
+        Some(moe) if m.is_moe_layer(l) => {
+            let router = h * moe.experts as u64;
+            let local_experts = moe.experts as u64 / job.parallel.ep as u64;
+            (
+                router + m.shared_expert_params().div_ceil(tp),
+                (local_experts * m.expert_params()).div_ceil(tp),
+            )
+        }
+        _ => (m.dense_mlp_params().div_ceil(tp), 0),
+    };
+    StageParams {
+        dense: m.attention_params().div_ceil(tp) + 2 * h + mlp_dense,
+        expert,
+    }
+}
+
 /// Parameters one GPU of pipeline stage `stage` holds (see the module docs for what is split
 /// how).
 pub fn stage_params(job: &Job, stage: u32) -> StageParams {
     let m = &job.model;
     let p = &job.parallel;
     let tp = p.tp as u64;
-    let ep = p.ep as u64;
     let h = m.hidden as u64;
     let layers = job.stage_layers()[stage as usize] as u64;
     // DualPipe: both end ranks hold the embedding and the head (of opposite directions).
@@ -95,24 +118,10 @@ pub fn stage_params(job: &Job, stage: u32) -> StageParams {
     let last = stage + 1 == p.pp || dual && stage == 0;
     let first = stage == 0 || dual && stage + 1 == p.pp;
 
-    let norms = 2 * h;
     // (dense, expert) parameters of layer `l` on one GPU.
     let split = |l: u32| {
-        let (mlp_dense, expert) = match &m.moe {
-            Some(moe) if m.is_moe_layer(l) => {
-                let router = h * moe.experts as u64;
-                let local_experts = moe.experts as u64 / ep;
-                (
-                    router + m.shared_expert_params().div_ceil(tp),
-                    (local_experts * m.expert_params()).div_ceil(tp),
-                )
-            }
-            _ => (m.dense_mlp_params().div_ceil(tp), 0),
-        };
-        (
-            m.attention_params().div_ceil(tp) + norms + mlp_dense,
-            expert,
-        )
+        let s = layer_params_at(job, l);
+        (s.dense, s.expert)
     };
     let embedding = (m.vocab as u64 * h).div_ceil(tp);
 
@@ -644,19 +653,25 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
     };
     let layers = job.stage_layers()[stage as usize] as u64;
     // ZeRO-3 shards the transformer layers' weights and gathers at most two layers at a time;
-    // the embedding and LM head stay gathered for the whole iteration (see graph.rs).
+    // the embedding and LM head stay gathered for the whole iteration (see graph.rs). Layers
+    // may differ (dense first layers of a MoE model): the stage's own layers are summed and
+    // the gathered window is its largest layers.
     let (weights, gradients) = if p.shards_params() && layers > 0 {
-        let one = layer_params(job);
-        let layer_part = StageParams {
-            dense: layers * one.dense,
-            expert: layers * one.expert,
-        };
+        let mut each: Vec<StageParams> = (job.chunk_layers(stage).into_iter().flatten())
+            .map(|l| layer_params_at(job, l))
+            .collect();
+        let layer_part = each.iter().fold(StageParams::default(), |a, b| StageParams {
+            dense: a.dense + b.dense,
+            expert: a.expert + b.expert,
+        });
+        each.sort_by_key(|x| std::cmp::Reverse(x.total()));
+        let largest = |n: u64| each.iter().take(n as usize).map(|x| x.total()).sum::<u64>();
         let rest = params.total() - layer_part.total();
-        let window = ZERO3_GATHERED_LAYERS.min(layers) * one.total();
+        let window = largest(ZERO3_GATHERED_LAYERS);
         (
             WEIGHT_BYTES_PER_PARAM * (rest + window) + sharded(WEIGHT_BYTES_PER_PARAM, layer_part),
             // Sharded FP32 gradients plus one layer's unsharded gradients being reduced.
-            GRAD_BYTES_PER_PARAM * (rest + one.total()) + sharded(GRAD_BYTES_PER_PARAM, layer_part),
+            GRAD_BYTES_PER_PARAM * (rest + largest(1)) + sharded(GRAD_BYTES_PER_PARAM, layer_part),
         )
     } else if p.zero_stage >= 2 {
         (

@@ -1576,6 +1576,37 @@ fn zero3_traffic_and_time_follow_the_closed_forms() {
     }
 }
 
+/// Truth: with layers of different sizes on a stage (a MoE model's dense first layers) ZeRO-3
+/// shards the sum of the stage's own layers and holds its two largest gathered: the weights
+/// equal that closed form, the figures stay below the unsharded ones (before, a per-layer
+/// share taken from the first, dense, layers exceeded the stage's parameters and the
+/// subtraction wrapped to ~2^64 bytes).
+#[test]
+fn zero3_memory_with_dense_first_layers() {
+    use prism_core::memory::{layer_params_at, stage_memory, stage_params};
+    let mut job = prism_core::arch::fixtures::small_deepseek_job(2, 1, 2, 16, 8);
+    job.model.arch.moe_first_dense_layers = 3;
+    job.parallel.set_zero_stage(3);
+    let job = valid(job);
+    let dp = job.parallel.dp as u64;
+    let edp = (job.parallel.dp / job.parallel.ep) as u64;
+    for stage in 0..job.parallel.pp {
+        let p = stage_params(&job, stage);
+        let layers: Vec<u32> = job.chunk_layers(stage).into_iter().flatten().collect();
+        let mut each: Vec<u64> = layers.iter().map(|&l| layer_params_at(&job, l).total()).collect();
+        let (d, e) = layers.iter().fold((0, 0), |(d, e), &l| {
+            let x = layer_params_at(&job, l);
+            (d + x.dense, e + x.expert)
+        });
+        each.sort_unstable_by(|a, b| b.cmp(a));
+        let rest = p.total() - d - e;
+        let m = stage_memory(&job, stage);
+        let want = 2 * (rest + each[0] + each[1]) + (2 * d).div_ceil(dp) + (2 * e).div_ceil(edp);
+        assert_eq!(m.weights, want, "stage {stage}");
+        assert!(m.weights < 2 * p.total() && m.gradients < 4 * p.total(), "stage {stage}");
+    }
+}
+
 /// Truth: ZeRO-3 memory = sharded layer weights and gradients plus two gathered layers of
 /// weights and one layer of unsharded gradients; ZeRO-2 shards gradients only; optimizer state
 /// is sharded from stage 1 on (closed forms from the parameter counts).
