@@ -660,10 +660,12 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
         let mut each: Vec<StageParams> = (job.chunk_layers(stage).into_iter().flatten())
             .map(|l| layer_params_at(job, l))
             .collect();
-        let layer_part = each.iter().fold(StageParams::default(), |a, b| StageParams {
-            dense: a.dense + b.dense,
-            expert: a.expert + b.expert,
-        });
+        let layer_part = each
+            .iter()
+            .fold(StageParams::default(), |a, b| StageParams {
+                dense: a.dense + b.dense,
+                expert: a.expert + b.expert,
+            });
         each.sort_by_key(|x| std::cmp::Reverse(x.total()));
         let largest = |n: u64| each.iter().take(n as usize).map(|x| x.total()).sum::<u64>();
         let rest = params.total() - layer_part.total();

@@ -1593,7 +1593,10 @@ fn zero3_memory_with_dense_first_layers() {
     for stage in 0..job.parallel.pp {
         let p = stage_params(&job, stage);
         let layers: Vec<u32> = job.chunk_layers(stage).into_iter().flatten().collect();
-        let mut each: Vec<u64> = layers.iter().map(|&l| layer_params_at(&job, l).total()).collect();
+        let mut each: Vec<u64> = layers
+            .iter()
+            .map(|&l| layer_params_at(&job, l).total())
+            .collect();
         let (d, e) = layers.iter().fold((0, 0), |(d, e), &l| {
             let x = layer_params_at(&job, l);
             (d + x.dense, e + x.expert)
@@ -1603,7 +1606,10 @@ fn zero3_memory_with_dense_first_layers() {
         let m = stage_memory(&job, stage);
         let want = 2 * (rest + each[0] + each[1]) + (2 * d).div_ceil(dp) + (2 * e).div_ceil(edp);
         assert_eq!(m.weights, want, "stage {stage}");
-        assert!(m.weights < 2 * p.total() && m.gradients < 4 * p.total(), "stage {stage}");
+        assert!(
+            m.weights < 2 * p.total() && m.gradients < 4 * p.total(),
+            "stage {stage}"
+        );
     }
 }
 

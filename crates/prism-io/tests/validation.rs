@@ -74,7 +74,11 @@ fn cases_parse_and_cover_calibration() {
     assert_eq!(unique.len(), ids.len(), "duplicate ids");
     // One case per calibration row, plus the published large MoE runs (not in the shared
     // calibration set).
-    assert_eq!(cases.len(), 94 + MOE_IDS.len(), "one case per calibration row, plus MoE runs");
+    assert_eq!(
+        cases.len(),
+        94 + MOE_IDS.len(),
+        "one case per calibration row, plus MoE runs"
+    );
     for id in MOE_IDS {
         assert!(unique.contains(id), "MoE case {id}");
     }
@@ -93,9 +97,15 @@ fn cases_parse_and_cover_calibration() {
             let cal_set: BTreeSet<&str> = cal.iter().map(String::as_str).collect();
             assert_eq!(cal.len(), 94, "calibration.csv rows");
             assert_eq!(cal_set.len(), cal.len(), "calibration.csv ids unique");
-            let not_moe: BTreeSet<&str> =
-                unique.iter().copied().filter(|id| !MOE_IDS.contains(id)).collect();
-            assert_eq!(not_moe, cal_set, "cases.csv ids = calibration.csv ids + MoE runs");
+            let not_moe: BTreeSet<&str> = unique
+                .iter()
+                .copied()
+                .filter(|id| !MOE_IDS.contains(id))
+                .collect();
+            assert_eq!(
+                not_moe, cal_set,
+                "cases.csv ids = calibration.csv ids + MoE runs"
+            );
         }
         None => eprintln!("shared/validation/calibration.csv not found: id comparison skipped"),
     }

@@ -15,7 +15,12 @@ fn cases_path() -> PathBuf {
 
 #[test]
 fn moe_cases_run_and_deepseek_v3_cost_is_reported() {
-    let moe = ["dsv3_pretrain", "dsv2_pretrain", "automodel_dsv3_256", "automodel_dsv3_1024"];
+    let moe = [
+        "dsv3_pretrain",
+        "dsv2_pretrain",
+        "automodel_dsv3_256",
+        "automodel_dsv3_1024",
+    ];
     let cases: Vec<_> = (read_cases(&cases_path()).unwrap_or_else(|e| panic!("{e}")))
         .into_iter()
         .filter(|c| moe.contains(&c.id.as_str()))
@@ -25,10 +30,18 @@ fn moe_cases_run_and_deepseek_v3_cost_is_reported() {
     for c in cases.iter().filter(|c| c.status.is_modelled()) {
         let r = run_case(c, &SimOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", c.id));
         assert!(r.predicted.is_finite() && r.predicted > 0.0, "{}", c.id);
-        assert!(r.error_pct.abs() <= c.tolerance_pct, "{}: {:+.1}%", c.id, r.error_pct);
+        assert!(
+            r.error_pct.abs() <= c.tolerance_pct,
+            "{}: {:+.1}%",
+            c.id,
+            r.error_pct
+        );
         results.push(r);
     }
-    assert!(results.len() >= 2, "DeepSeek-V3 on H800 and under AutoModel on H100");
+    assert!(
+        results.len() >= 2,
+        "DeepSeek-V3 on H800 and under AutoModel on H100"
+    );
     println!("\n{}", results_table(&results));
     let (per, overall) = stats(&results);
     println!("{}", stats_table(&per, &overall));
