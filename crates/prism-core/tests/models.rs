@@ -621,6 +621,46 @@ fn bubbles_match_the_step_timeline() {
     }
 }
 
+/// The graph of `job`, launch-free compute parameters and a kernel table that makes the
+/// embedding, final norm, LM head and loss free, so that every pipeline chunk costs the same and
+/// a schedule's bubble can be compared with its closed form.
+fn free_extras(
+    job: &Job,
+) -> (
+    ExecutionGraph,
+    prism_core::cost::compute::ComputeParams,
+    prism_core::cost::compute::KernelTable,
+) {
+    use prism_core::cost::compute::{ComputeParams, KernelTable, shape_key};
+    const EXTRAS: [&str; 9] = [
+        "embedding_fwd",
+        "embedding_bwd",
+        "final_norm_fwd",
+        "final_norm_bwd",
+        "lm_head_fwd",
+        "lm_head_dgrad",
+        "lm_head_wgrad",
+        "loss_fwd",
+        "loss_bwd",
+    ];
+    let g = ExecutionGraph::build(job);
+    let mut table = KernelTable::new();
+    for p in &g.programs {
+        for k in &p.kind {
+            if let OpKind::Compute(op) = k
+                && EXTRAS.contains(&op.name)
+            {
+                table.insert(op.name, &shape_key(&op.work), "bf16", 0.0);
+            }
+        }
+    }
+    let params = ComputeParams {
+        launch_overhead_s: 0.0,
+        ..ComputeParams::for_gpu(&job.cluster.gpu)
+    };
+    (g, params, table)
+}
+
 /// Truth: DualPipe's bubble in the engine equals the exact closed form of its schedule
 /// (`schedules::dualpipe_bubble_exact`, derived and checked against a max-plus evaluation of
 /// the steps in `schedules.rs`, with and without the split), at PP = 2, 4, 8, 16, for the
@@ -635,42 +675,17 @@ fn bubbles_match_the_step_timeline() {
 /// is one `F` more where `B >= W` and `(PP/2 - 1) B >= (PP/2) F` (PP = 8, 16 here).
 #[test]
 fn dualpipe_bubble_equals_the_exact_closed_form() {
-    use prism_core::cost::compute::{ComputeModel, ComputeParams, KernelTable, shape_key};
+    use prism_core::cost::compute::ComputeModel;
     use prism_core::graph::Phase;
     use prism_core::job::Schedule;
     use prism_core::schedules::{dualpipe_bubble, dualpipe_bubble_exact};
-    const EXTRAS: [&str; 9] = [
-        "embedding_fwd",
-        "embedding_bwd",
-        "final_norm_fwd",
-        "final_norm_bwd",
-        "lm_head_fwd",
-        "lm_head_dgrad",
-        "lm_head_wgrad",
-        "loss_fwd",
-        "loss_bwd",
-    ];
     for pp in [2u32, 4, 8, 16] {
         let m = 2 * pp + 2;
         let mut job = pipe_job(pp, m, Schedule::DualPipe);
         job.model.vocab = 8;
         job.model.arch.mtp_depth = 0;
         let job = valid(job);
-        let g = ExecutionGraph::build(&job);
-        let mut table = KernelTable::new();
-        for p in &g.programs {
-            for k in &p.kind {
-                if let OpKind::Compute(op) = k
-                    && EXTRAS.contains(&op.name)
-                {
-                    table.insert(op.name, &shape_key(&op.work), "bf16", 0.0);
-                }
-            }
-        }
-        let params = ComputeParams {
-            launch_overhead_s: 0.0,
-            ..ComputeParams::for_gpu(&job.cluster.gpu)
-        };
+        let (g, params, table) = free_extras(&job);
         let cm = ComputeModel::new(&job, params.clone(), Some(table.clone()));
         // One split chunk (the last of direction 0) on a middle rank.
         let (mid, mb) = (pp / 2 - 1, m / 2 - 1);
@@ -756,39 +771,14 @@ fn interleaved_overlap_job(pp: u32, v: u32, m: u32) -> Job {
 /// engine's idle time equals it within 1 ns.
 #[test]
 fn interleaved_1f1b_overlap_bubble_equals_the_closed_form() {
-    use prism_core::cost::compute::{ComputeModel, ComputeParams, KernelTable, shape_key};
+    use prism_core::cost::compute::ComputeModel;
     use prism_core::graph::Phase;
     use prism_core::schedules::overlapped_1f1b_bubble;
-    const EXTRAS: [&str; 9] = [
-        "embedding_fwd",
-        "embedding_bwd",
-        "final_norm_fwd",
-        "final_norm_bwd",
-        "lm_head_fwd",
-        "lm_head_dgrad",
-        "lm_head_wgrad",
-        "loss_fwd",
-        "loss_bwd",
-    ];
     for (pp, v, m) in [(2u32, 2u32, 4u32), (4, 2, 8), (4, 3, 12), (8, 2, 16)] {
         let mut job = interleaved_overlap_job(pp, v, m);
         job.model.vocab = 8;
         let job = valid(job);
-        let g = ExecutionGraph::build(&job);
-        let mut table = KernelTable::new();
-        for p in &g.programs {
-            for k in &p.kind {
-                if let OpKind::Compute(op) = k
-                    && EXTRAS.contains(&op.name)
-                {
-                    table.insert(op.name, &shape_key(&op.work), "bf16", 0.0);
-                }
-            }
-        }
-        let params = ComputeParams {
-            launch_overhead_s: 0.0,
-            ..ComputeParams::for_gpu(&job.cluster.gpu)
-        };
+        let (g, params, table) = free_extras(&job);
         let cm = ComputeModel::new(&job, params.clone(), Some(table.clone()));
         // A stage's whole forward and backward of one micro-batch (all its chunks).
         let p = &g.programs[(pp / 2) as usize];
