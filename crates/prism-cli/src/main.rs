@@ -475,9 +475,18 @@ fn print_summary(
         job.training.precision,
     )?;
     let m = &job.model;
+    // MoE models: also the count without the input embedding, as DeepSeek publishes theirs.
+    let without_input = if m.moe.is_some() && !m.tied_embeddings {
+        format!(
+            "; {:.2} B without the input embedding",
+            m.active_params_without_input_embedding() as f64 / 1e9
+        )
+    } else {
+        String::new()
+    };
     writeln!(
         out,
-        "  model: {} layers, {:.2} B parameters, {:.2} B active per token (embeddings included)",
+        "  model: {} layers, {:.2} B parameters, {:.2} B active per token (embeddings included{without_input})",
         m.layers,
         m.params() as f64 / 1e9,
         m.active_params() as f64 / 1e9,

@@ -162,6 +162,18 @@ impl Model {
             }
         }
     }
+
+    /// [`Model::active_params`] without the input embedding (a table lookup, no matrix
+    /// multiply), the convention DeepSeek and OpenAI publish active counts in (DeepSeek-V3's
+    /// "37B activated", gpt-oss's 5.13B). A tied embedding is also the output head and stays.
+    pub fn active_params_without_input_embedding(&self) -> u64 {
+        let input = if self.tied_embeddings {
+            0
+        } else {
+            self.vocab as u64 * self.hidden as u64
+        };
+        self.active_params() - input
+    }
 }
 
 /// A GPU model.

@@ -114,6 +114,7 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
         "model": job.model.name,
         "model_params": job.model.params(),
         "model_active_params": job.model.active_params(),
+        "model_active_params_without_input_embedding": job.model.active_params_without_input_embedding(),
         "cluster": job.cluster.name,
         "gpu": job.cluster.gpu.name,
         "parallel": {

@@ -38,7 +38,7 @@ fn assert_published(what: &str, x: u64, published: f64, tol: f64) {
 /// Active parameters in the convention DeepSeek and OpenAI publish: without the input
 /// embedding (a lookup, no matrix multiply), with the output head.
 fn active_without_embedding(m: &Model) -> u64 {
-    m.active_params() - m.vocab as u64 * m.hidden as u64
+    m.active_params_without_input_embedding()
 }
 
 /// DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 4.2 and the model card): 671 B total
