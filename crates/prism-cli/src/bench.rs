@@ -220,14 +220,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 }
                 draws = Some(m.draws_per_sample(&fast));
                 for (k, ps) in m.pool_summary(&fast, 1.0, 0)?.iter().enumerate() {
-                    println!(
+                    outln!(
                         "  pooled shape {k}: {} instructions, {} blocks per sample, block {:.1} us \
                          (sd {:.2} us)",
                         ps.instructions,
                         ps.blocks_per_sample,
                         ps.mean_s * 1e6,
                         ps.sd_s * 1e6
-                    );
+                    )?;
                 }
             }
             Run::Pruned => {
@@ -295,17 +295,22 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }));
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?)?;
     } else {
-        println!(
+        outln!(
             "{:<26} {:>7} {:>12} {:>12} {:>12} {:>14}",
-            "scenario", "GPUs", "median s", "min s", "peak RSS MiB", "events"
-        );
+            "scenario",
+            "GPUs",
+            "median s",
+            "min s",
+            "peak RSS MiB",
+            "events"
+        )?;
         for r in &rows {
             let rss = r["peak_rss_bytes"].as_u64().map_or("n/a".to_string(), |b| {
                 format!("{:.0}", b as f64 / 1048576.0)
             });
-            println!(
+            outln!(
                 "{:<26} {:>7} {:>12.3} {:>12.3} {:>12} {:>14}",
                 r["scenario"].as_str().unwrap_or(""),
                 r["gpus"]
@@ -315,7 +320,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 r["wall_s_min"].as_f64().unwrap_or(f64::NAN),
                 rss,
                 r["events"]
-            );
+            )?;
         }
     }
     Ok(())

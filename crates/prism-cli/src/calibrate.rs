@@ -363,11 +363,11 @@ fn fit_from_trace(
     let table = prism_io::kineto::to_kernel_table(trace, "bf16");
     let (k0, e, err) =
         fit_gemm(&base.compute, &table, job).context("no GEMM shapes in the trace")?;
-    println!(
+    outln!(
         "{}: GEMM shapes ({} in the table): gemm_k_overhead = {k0}, gemm_eff_max_bf16 = {e:.3} (mean |log time error| {err:.3})",
         path.display(),
         table.len()
-    );
+    )?;
     base.compute.gemm_k_overhead = k0;
     base.compute.gemm_eff_max_bf16 = e;
     // Norm and softmax: measured forward class totals vs the same job's forward kernels.
@@ -405,10 +405,11 @@ fn fit_from_trace(
                 (base.compute.softmax_mem_eff * softmax / m).clamp(0.05, 1.0);
         }
     }
-    println!(
+    outln!(
         "  norm kernels: norm_mem_eff = {:.3}; softmax kernels: softmax_mem_eff = {:.3} (forward class totals)",
-        base.compute.norm_mem_eff, base.compute.softmax_mem_eff
-    );
+        base.compute.norm_mem_eff,
+        base.compute.softmax_mem_eff
+    )?;
     // NVLink: the fastest all-reduce of the largest size (others include waiting for ranks).
     let ar: Vec<(u64, f64)> = trace
         .kernels
@@ -440,12 +441,12 @@ fn fit_from_trace(
         ) * base.comm.latency_scale;
         let eff = 2.0 * (n - 1.0) / n * bytes as f64 / ((t - latency) * c.nvlink_gbps * 1e9 / 8.0);
         base.comm.nvlink_efficiency = eff.clamp(0.05, 1.0);
-        println!(
+        outln!(
             "  NVLink all-reduce: {} B over {n} GPUs in {:.1} us at best: nvlink_efficiency = {:.3}",
             bytes,
             t * 1e6,
             base.comm.nvlink_efficiency
-        );
+        )?;
     }
     Ok(())
 }
@@ -510,11 +511,11 @@ fn fit_from_kernels(
     let (k0, e, err) = best.expect("non-empty grid");
     base.compute.gemm_k_overhead = k0;
     base.compute.gemm_eff_max_bf16 = e;
-    println!(
+    outln!(
         "{}: {} BF16 GEMMs: gemm_k_overhead = {k0}, gemm_eff_max_bf16 = {e:.3} (mean |log time error| {err:.3})",
         path.display(),
         gemms.len()
-    );
+    )?;
     // Ceilings scaled so that the median compute-bound row is matched: FP8 tensor-wise GEMMs
     // and cuDNN fused attention (what Megatron-Core runs through Transformer Engine).
     let scale = |p: &ComputeParams, rows: &[(Work, f64)], class: OpClass, precision: Precision| {
@@ -533,7 +534,7 @@ fn fit_from_kernels(
     if let Some(r) = scale(&base.compute, &bwd, OpClass::Attention, Precision::Bf16) {
         base.compute.attn_bwd_eff_max = (base.compute.attn_bwd_eff_max * r).clamp(0.05, 1.0);
     }
-    println!(
+    outln!(
         "  {} FP8 GEMMs: gemm_eff_max_fp8 = {:.3}; {} + {} cuDNN attention: attn_fwd_eff_max = {:.3}, attn_bwd_eff_max = {:.3}",
         fp8.len(),
         base.compute.gemm_eff_max_fp8,
@@ -541,7 +542,7 @@ fn fit_from_kernels(
         bwd.len(),
         base.compute.attn_fwd_eff_max,
         base.compute.attn_bwd_eff_max
-    );
+    )?;
     // Norm and softmax bandwidth at face value (bytes read + written over time).
     let bw = job.cluster.gpu.hbm_tbps * 1e12;
     let at = |name: &str| {
@@ -566,13 +567,13 @@ fn fit_from_kernels(
     if let Some(x) = at("softmax") {
         base.compute.softmax_mem_eff = x.clamp(0.05, 1.0);
     }
-    println!(
+    outln!(
         "  mem_eff = {:.3} (copy, add), norm_mem_eff = {:.3} (RMSNorm), softmax_mem_eff = {:.3} (softmax), of {:.2} TB/s",
         base.compute.mem_eff,
         base.compute.norm_mem_eff,
         base.compute.softmax_mem_eff,
         job.cluster.gpu.hbm_tbps
-    );
+    )?;
     Ok(())
 }
 
@@ -729,12 +730,12 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
             held.extend(e);
         }
         bar.finish_and_clear();
-        println!(
+        outln!(
             "{generation}: cross-validated MAPE {:.2}% over {} held-out predictions ({}-fold)",
             mape(&held),
             held.len(),
             args.folds
-        );
+        )?;
     }
     Ok(())
 }

@@ -259,10 +259,10 @@ fn run_slice(a: &SliceArgs) -> Result<()> {
             "sends": st.sends, "global_ops": st.global_ops, "iteration_time_s": st.iteration_s,
             "mode": st.mode, "cluster": cluster.name,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "Prism emulate slice: {} traces -> {} ranks (tp {} pp {} dp {}), {} classes",
         files.len(),
         st.ranks,
@@ -270,10 +270,10 @@ fn run_slice(a: &SliceArgs) -> Result<()> {
         layout.pp,
         layout.dp,
         st.classes
-    );
-    println!("  stage  rank      ops    calls  collectives    sends   compute (s)  peak memory");
+    )?;
+    outln!("  stage  rank      ops    calls  collectives    sends   compute (s)  peak memory")?;
     for c in &st.per_class {
-        println!(
+        outln!(
             "  {:>5} {:>5} {:>8} {:>8} {:>12} {:>8} {:>13.6} {:>12}",
             c.stage,
             c.rank,
@@ -283,17 +283,21 @@ fn run_slice(a: &SliceArgs) -> Result<()> {
             c.sends,
             c.compute_s,
             c.peak_memory_bytes
-        );
+        )?;
     }
-    println!(
+    outln!(
         "  global graph: {} ops, {} collectives, {} point-to-point messages",
-        st.global_ops, st.collectives, st.sends
-    );
-    println!(
+        st.global_ops,
+        st.collectives,
+        st.sends
+    )?;
+    outln!(
         "  simulated iteration on {} ({} mode): {:.6} s",
-        cluster.name, st.mode, st.iteration_s
-    );
-    println!("  wrote {}", a.out.display());
+        cluster.name,
+        st.mode,
+        st.iteration_s
+    )?;
+    outln!("  wrote {}", a.out.display())?;
     Ok(())
 }
 
@@ -322,7 +326,7 @@ fn run_synth(a: &SynthArgs) -> Result<()> {
         std::fs::write(&path, synth::trace(&spec, r).to_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    println!("wrote {} traces to {}", ranks.len(), a.out.display());
+    outln!("wrote {} traces to {}", ranks.len(), a.out.display())?;
     Ok(())
 }
 
@@ -389,10 +393,10 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
             "wall_s": rep.wall_s, "setup_s": rep.setup_s, "events": rep.events,
             "real_ranks": ranks,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "Prism emulate: {} ranks, {} real ({}), engine {} mode, listening on {}",
         rep.world_size,
         rep.ranks.len(),
@@ -401,17 +405,21 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
             .join(","),
         rep.mode,
         rep.address
-    );
-    println!(
+    )?;
+    outln!(
         "  emulated: {:.6} s ({:.6} s per iteration); wall {:.3} s after {:.3} s of set-up; {} \
          engine events",
-        rep.emulated_s, rep.emulated_iteration_s, rep.wall_s, rep.setup_s, rep.events
-    );
-    println!(
+        rep.emulated_s,
+        rep.emulated_iteration_s,
+        rep.wall_s,
+        rep.setup_s,
+        rep.events
+    )?;
+    outln!(
         "  rank stage  calls  iteration (s)  compute (s)  max lag (s)  mean lag (s)  peak memory"
-    );
+    )?;
     for r in &rep.ranks {
-        println!(
+        outln!(
             "  {:>4} {:>5} {:>6} {:>14.6} {:>12.6} {:>12.6} {:>13.6} {:>12}",
             r.rank,
             r.stage,
@@ -421,7 +429,7 @@ fn run_coordinator(a: &RunArgs) -> Result<()> {
             r.max_lag_s,
             r.mean_lag_s,
             r.peak_memory_bytes
-        );
+        )?;
     }
     Ok(())
 }
@@ -579,24 +587,28 @@ fn run_validate(a: &ValidateArgs) -> Result<()> {
             "iteration_time_error_pct": v.iteration_time_error_pct,
             "peak_memory_error_pct": v.peak_memory_error_pct,
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "Prism emulate validate: reference GPT step, {} ranks (tp,pp,dp {}), real ranks {:?}, \
          priced on {}",
-        a.world, a.layout, real, cluster.name
-    );
-    println!(
+        a.world,
+        a.layout,
+        real,
+        cluster.name
+    )?;
+    outln!(
         "  {} warm-up + {} measured steps per run, {} runs of each kind; {}",
-        a.warmup, a.iters, a.repeats, TIME_ACCOUNTING
-    );
-    println!();
-    println!(
-        "  rank   all-real s   hybrid s   error %   all-real peak B   hybrid peak B   error %"
-    );
+        a.warmup,
+        a.iters,
+        a.repeats,
+        TIME_ACCOUNTING
+    )?;
+    outln!()?;
+    outln!("  rank   all-real s   hybrid s   error %   all-real peak B   hybrid peak B   error %")?;
     for r in &v.ranks {
-        println!(
+        outln!(
             "  {:>4}   {:>10.6}   {:>8.6}   {:>7.3}   {:>15}   {:>13}   {:>7.4}",
             r.rank,
             r.all_real_iteration_time_s,
@@ -605,17 +617,19 @@ fn run_validate(a: &ValidateArgs) -> Result<()> {
             r.all_real_peak_memory_bytes,
             r.hybrid_peak_memory_bytes,
             r.peak_memory_error_pct
-        );
+        )?;
     }
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "  job iteration: all-real {:.6} s, hybrid {:.6} s (emulated, every rank): error {:.3}%",
-        v.all_real.chained_iteration_time_s, v.hybrid.iteration_time_s, v.iteration_time_error_pct
-    );
-    println!(
+        v.all_real.chained_iteration_time_s,
+        v.hybrid.iteration_time_s,
+        v.iteration_time_error_pct
+    )?;
+    outln!(
         "  peak memory error (worst real rank): {:.4}%",
         v.peak_memory_error_pct
-    );
+    )?;
     Ok(())
 }
 

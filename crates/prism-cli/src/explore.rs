@@ -168,10 +168,10 @@ fn rank_list(ranks: &[u32]) -> String {
     parts.join(", ")
 }
 
-fn print_slow_gpus(a: &SlowGpuAnalysis) {
+fn print_slow_gpus(a: &SlowGpuAnalysis) -> Result<()> {
     let p = &a.job.parallel;
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "  Slow GPUs: {} of {} with {:.2}x kernel time, in the job's layout (tp {} pp {} dp {} cp {}); no slow GPU: {:.4} s",
         a.slow_gpus,
         a.job.num_gpus(),
@@ -181,46 +181,50 @@ fn print_slow_gpus(a: &SlowGpuAnalysis) {
         p.dp,
         p.cp,
         a.baseline_s
-    );
+    )?;
     let stages: Vec<String> = a
         .stage_compute_s
         .iter()
         .map(|s| format!("{s:.4}"))
         .collect();
-    println!(
+    outln!(
         "  kernel time per GPU by stage: {} s; least loaded: stage {}",
         stages.join(", "),
         a.least_loaded_stage
-    );
-    println!();
-    println!(
+    )?;
+    outln!()?;
+    outln!(
         "  {:<20} {:<38} {:>11} {:>8}  slow ranks",
-        "placement", "where", "iteration s", "vs none"
-    );
+        "placement",
+        "where",
+        "iteration s",
+        "vs none"
+    )?;
     for (i, r) in a.runs.iter().enumerate() {
-        print!(
+        out!(
             "  {:<20} {:<38} {:>11.4} {:>+7.2}%  {}",
             r.placement.name(),
             r.placement.description(),
             r.iteration_s,
             100.0 * (r.iteration_s / a.baseline_s - 1.0),
             rank_list(&r.ranks)
-        );
+        )?;
         if let Some(q) = r.same_as {
-            print!(" (same GPUs as {})", q.name());
+            out!(" (same GPUs as {})", q.name())?;
         }
         if i == a.best {
-            print!("  <- best");
+            out!("  <- best")?;
         }
-        println!();
+        outln!()?;
     }
-    println!(
+    outln!(
         "  best: {}, {:.2}% faster than the worst ({}) and {:.2}% faster than spreading them evenly",
         a.runs[a.best].placement.name(),
         a.gain_pct(a.worst),
         a.runs[a.worst].placement.name(),
         a.gain_pct(a.spread)
-    );
+    )?;
+    Ok(())
 }
 
 fn progress(len: usize, prefix: &'static str, what: &str) -> indicatif::ProgressBar {
@@ -368,7 +372,7 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         if let Some(a) = &slow {
             out["slow_gpu_placement"] = slow_gpu_json(a);
         }
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
     print_table(
@@ -381,12 +385,12 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
         step_method
             .as_deref()
             .map(|m| (args.samples, sampled_count, m)),
-    );
+    )?;
     if !inversions.is_empty() {
-        println!();
-        println!("  where the p99 ranking differs from the mean ranking:");
+        outln!()?;
+        outln!("  where the p99 ranking differs from the mean ranking:")?;
         for x in inversions.iter().take(10) {
-            println!(
+            outln!(
                 "    configuration #{} ({}) is {:.1}% faster on average but {:.1}% slower at p99 than #{} ({})",
                 x.a + 1,
                 label(&evaluated[x.a].job),
@@ -394,14 +398,14 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
                 x.p99_loss_pct,
                 x.b + 1,
                 label(&evaluated[x.b].job),
-            );
+            )?;
         }
         if inversions.len() > 10 {
-            println!("    ... and {} more (see --json)", inversions.len() - 10);
+            outln!("    ... and {} more (see --json)", inversions.len() - 10)?;
         }
     }
     if let Some(a) = &slow {
-        print_slow_gpus(a);
+        print_slow_gpus(a)?;
     }
     Ok(())
 }
@@ -497,9 +501,9 @@ fn print_table(
     objective: Objective,
     // Monte Carlo iterations per sampled layout and how they were simulated.
     sampling: Option<(usize, usize, &str)>,
-) {
-    println!("Prism explore: {}  ({source})", base.name);
-    println!(
+) -> Result<()> {
+    outln!("Prism explore: {}  ({source})", base.name)?;
+    outln!(
         "  {} x {} GPUs ({} nodes), global batch {} x {} tokens; objective: {} iteration time{}",
         base.num_gpus(),
         base.cluster.gpu.name,
@@ -512,18 +516,18 @@ fn print_table(
                 format!(" ({k} Monte Carlo iterations for the {n} fastest; {method})"),
             None => " (deterministic)".into(),
         }
-    );
-    println!(
+    )?;
+    outln!(
         "  {} layouts enumerated: {} break a job rule, {} do not fit in {:.0} GiB, {} exceed the graph size limit, {feasible} feasible and simulated",
         counts.enumerated,
         counts.invalid,
         counts.out_of_memory,
         base.cluster.gpu.hbm_gib,
         counts.too_large
-    );
-    println!();
+    )?;
+    outln!()?;
     let q = sampling.is_some();
-    print!(
+    out!(
         "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>9} {:>8} {:>11} {:>6} {:>8}",
         "rank",
         "tp",
@@ -537,14 +541,14 @@ fn print_table(
         "iteration s",
         "MFU",
         "mem GiB"
-    );
+    )?;
     if q {
-        print!(" {:>8} {:>8} {:>8}", "mean s", "p95 s", "p99 s");
+        out!(" {:>8} {:>8} {:>8}", "mean s", "p95 s", "p99 s")?;
     }
-    println!();
+    outln!()?;
     for (i, e) in rows.iter().enumerate() {
         let p = &e.job.parallel;
-        print!(
+        out!(
             "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>9} {:>8} {:>11.4} {:>5.1}% {:>8.1}",
             i + 1,
             p.tp,
@@ -558,27 +562,28 @@ fn print_table(
             e.iteration_s,
             100.0 * e.mfu,
             e.peak_bytes as f64 / GIB,
-        );
+        )?;
         if q {
             match e.sampled {
-                Some(s) => print!(" {:>8.4} {:>8.4} {:>8.4}", s.mean, s.p95, s.p99),
-                None => print!(" {:>8} {:>8} {:>8}", "-", "-", "-"),
+                Some(s) => out!(" {:>8.4} {:>8.4} {:>8.4}", s.mean, s.p95, s.p99)?,
+                None => out!(" {:>8} {:>8} {:>8}", "-", "-", "-")?,
             }
         }
         if e.is_job_config {
-            print!("  <- job");
+            out!("  <- job")?;
         }
         if p.first_stage_layers.is_some() || p.last_stage_layers.is_some() {
-            print!("  (uneven split)");
+            out!("  (uneven split)")?;
         }
         if let Some(l) = &p.pipeline_layout {
-            print!("  (layout {})", l.text);
+            out!("  (layout {})", l.text)?;
         }
-        println!();
+        outln!()?;
     }
     if !rows.iter().any(|e| e.is_job_config) {
-        println!("  (the job's own layout is not among these rows)");
+        outln!("  (the job's own layout is not among these rows)")?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

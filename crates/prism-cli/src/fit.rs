@@ -85,7 +85,7 @@ pub fn run(args: &FitArgs) -> Result<()> {
     if args.json {
         print_json(args, &entries)?;
     } else {
-        print_text(args, &entries, chosen.len());
+        print_text(args, &entries, chosen.len())?;
     }
     Ok(())
 }
@@ -131,30 +131,30 @@ fn number(v: f64) -> String {
     }
 }
 
-fn print_text(args: &FitArgs, entries: &[Entry], fitted: usize) {
+fn print_text(args: &FitArgs, entries: &[Entry], fitted: usize) -> Result<()> {
     let observations: usize = entries.iter().map(|e| e.samples.len()).sum();
-    println!(
+    outln!(
         "{}: {} signatures, {observations} observations",
         args.samples.display(),
         entries.len()
-    );
+    )?;
     for e in entries {
         let s = stats::summarize(&e.samples);
         let bound = stats::guarantee(&sorted(&e.samples), BOUND_Q, BOUND_CONFIDENCE)
             .map(|t| format!("p99 <= {} at 95% confidence", duration(t)))
             .unwrap_or_else(|| "too few samples for a 95% bound of p99".into());
-        println!();
-        println!("{}  (n = {})", e.signature, e.samples.len());
-        println!(
+        outln!()?;
+        outln!("{}  (n = {})", e.signature, e.samples.len())?;
+        outln!(
             "  mean {}  p50 {}  p90 {}  p99 {}  max {}; {bound}",
             duration(s.mean),
             duration(s.p50),
             duration(s.p90),
             duration(s.p99),
             duration(s.max)
-        );
+        )?;
         match &e.fits {
-            Err(reason) => println!("  not fitted: {reason}"),
+            Err(reason) => outln!("  not fitted: {reason}")?,
             Ok((best, all)) => {
                 let crit = 1.358 / (e.samples.len() as f64).sqrt();
                 for f in all {
@@ -163,7 +163,7 @@ fn print_text(args: &FitArgs, entries: &[Entry], fitted: usize) {
                         .into_iter()
                         .map(|(k, v)| format!("{k:<5} {:<12}", number(v)))
                         .collect();
-                    println!(
+                    outln!(
                         "  {mark} {:<10} {}  ks {:.4}{}",
                         f.dist.family(),
                         p.join(" "),
@@ -173,19 +173,20 @@ fn print_text(args: &FitArgs, entries: &[Entry], fitted: usize) {
                         } else {
                             ""
                         }
-                    );
+                    )?;
                 }
             }
         }
     }
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "* = smallest Kolmogorov-Smirnov distance; times in the table are seconds \
          (lognormal mu/sigma of ln seconds)"
-    );
+    )?;
     if let Some(out) = &args.out {
-        println!("wrote {fitted} rows to {}", out.display());
+        outln!("wrote {fitted} rows to {}", out.display())?;
     }
+    Ok(())
 }
 
 fn print_json(args: &FitArgs, entries: &[Entry]) -> Result<()> {
@@ -230,7 +231,7 @@ fn print_json(args: &FitArgs, entries: &[Entry]) -> Result<()> {
         "table": args.out.as_ref().map(|p| p.display().to_string()),
         "signatures": signatures,
     });
-    println!("{}", serde_json::to_string_pretty(&out)?);
+    outln!("{}", serde_json::to_string_pretty(&out)?)?;
     Ok(())
 }
 

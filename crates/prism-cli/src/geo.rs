@@ -121,22 +121,22 @@ fn run_plan(a: &PlanArgs) -> Result<()> {
         )?;
     }
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&prism_io::geo::plan_json(&p))?
-        );
+        )?;
         return Ok(());
     }
-    println!("Prism geo plan: {}", job.name);
+    outln!("Prism geo plan: {}", job.name)?;
     let w = &job.cluster.topology.wan;
     let dcs: Vec<String> = w
         .datacenters
         .iter()
         .map(|d| format!("{} ({} GPUs)", d.name, d.nodes * job.cluster.gpus_per_node))
         .collect();
-    println!("  datacenters: {}", dcs.join(", "));
+    outln!("  datacenters: {}", dcs.join(", "))?;
     for l in &w.links {
-        println!(
+        outln!(
             "  WAN {} - {}: {} Gb/s, RTT {} ms, window {} MiB x {} connections (cap {:.2} GB/s per transfer)",
             w.datacenters[l.a as usize].name,
             w.datacenters[l.b as usize].name,
@@ -145,13 +145,14 @@ fn run_plan(a: &PlanArgs) -> Result<()> {
             l.tcp_window_mib,
             l.connections,
             l.transfer_cap() as f64 / 1e9
-        );
+        )?;
     }
-    println!(
+    outln!(
         "  {} candidates simulated; training run of {} iterations\n",
-        p.simulated, opts.iterations
-    );
-    println!(
+        p.simulated,
+        opts.iterations
+    )?;
+    outln!(
         "  {:<22} {:>6} {:>4} {:>5} {:>3} {:>7}  {:<22} {:>10} {:>12} {:>6} {:>7} {:>7} {:>8}",
         "design",
         "GPUs",
@@ -166,7 +167,7 @@ fn run_plan(a: &PlanArgs) -> Result<()> {
         "bubble",
         "WAN use",
         "speedup"
-    );
+    )?;
     let mut all = vec![&p.atlas];
     all.extend(p.baselines.iter());
     for e in all {
@@ -176,7 +177,7 @@ fn run_plan(a: &PlanArgs) -> Result<()> {
         } else {
             format!("{:.2}x", e.iteration_s / p.atlas.iteration_s)
         };
-        println!(
+        outln!(
             "  {:<22} {:>6} {:>4} {:>5} {:>3} {:>7}  {:<22} {:>10.3} {:>12} {:>5.1}% {:>6.1}% {:>6.1}% {:>8}",
             e.design.name(),
             e.gpus(),
@@ -195,12 +196,14 @@ fn run_plan(a: &PlanArgs) -> Result<()> {
             100.0 * e.bubble_fraction,
             100.0 * e.wan_utilisation(),
             speed
-        );
+        )?;
     }
-    println!(
+    outln!(
         "\n  speedup = baseline iteration time / ATLAS iteration time (same global batch). \
          ATLAS: temporal sharing {}, multi-connection {}, DC order search {}.",
-        opts.temporal, opts.multi_connection, opts.dc_order_search
-    );
+        opts.temporal,
+        opts.multi_connection,
+        opts.dc_order_search
+    )?;
     Ok(())
 }

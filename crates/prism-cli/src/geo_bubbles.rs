@@ -157,14 +157,14 @@ pub fn run(a: &BubblesArgs) -> Result<()> {
         std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&prism_io::geo::bubbles_json(&r, &a.model, a.tp))?
-        );
+        )?;
         return Ok(());
     }
-    println!("Prism geo bubbles: {}", job.name);
-    println!(
+    outln!("Prism geo bubbles: {}", job.name)?;
+    outln!(
         "  training: {} GPUs, tp {} pp {} dp {}, micro-batch {}; iteration {:.3} s",
         job.num_gpus(),
         job.parallel.tp,
@@ -172,23 +172,23 @@ pub fn run(a: &BubblesArgs) -> Result<()> {
         job.parallel.dp,
         job.parallel.micro_batch,
         r.iteration_s
-    );
-    println!(
+    )?;
+    outln!(
         "  inference: {} at tp {} ({} instances per stage; fits beside training on {} of {} stages)",
         a.model,
         a.tp,
         r.instances_per_stage,
         r.stages_fitting.iter().filter(|&&f| f).count(),
         r.stages_fitting.len()
-    );
+    )?;
     let grid: Vec<String> = r
         .prefill
         .grid
         .iter()
         .map(|(n, s)| format!("{n}: {:.0} ms", s * 1e3))
         .collect();
-    println!("  prefill latency (engine): {}", grid.join(", "));
-    println!(
+    outln!("  prefill latency (engine): {}", grid.join(", "))?;
+    outln!(
         "  requests: {} over {:.1} s; admitted {} ({:.1}%), {:.2} prefill/s, {:.0} prompt tokens/s",
         r.requests,
         r.horizon_s,
@@ -196,25 +196,25 @@ pub fn run(a: &BubblesArgs) -> Result<()> {
         100.0 * r.admitted.len() as f64 / r.requests.max(1) as f64,
         r.prefill_per_s(),
         r.tokens_per_s()
-    );
-    println!(
+    )?;
+    outln!(
         "  TTFT of admitted: p50 {:.0} ms, p99 {:.0} ms (SLO {:.0} ms)",
         r.ttft_p50_s * 1e3,
         r.ttft_p99_s * 1e3,
         r.slo_s * 1e3
-    );
-    println!(
+    )?;
+    outln!(
         "  GPU utilisation: {:.1}% without prefill, {:.1}% with (idle share of the schedule {:.1}%)",
         100.0 * r.utilisation_without,
         100.0 * r.utilisation_with,
         100.0 * r.idle_fraction
-    );
-    println!(
+    )?;
+    outln!(
         "  training slowdown (re-simulated with the prefill as engine ops): {:.6}% (iteration {:.6} s -> {:.6} s; largest kernel shift {:.3} us)",
         100.0 * r.training_slowdown,
         r.iteration_s,
         r.iteration_with_prefill_s,
         r.max_kernel_shift_s * 1e6
-    );
+    )?;
     Ok(())
 }

@@ -110,10 +110,10 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         seed: 1,
     };
     if !a.json {
-        println!(
+        outln!(
             "Prism geo sweep: ATLAS speedup (baseline iteration / ATLAS iteration) and BUBBLETEA utilisation"
-        );
-        println!(
+        )?;
+        outln!(
             "  {:<12} {:>3} {:>6} {:>5} {:>6} {:>9} {:>16} {:>9} {:>9} {:>9} {:>7} {:>13} {:>9}",
             "model",
             "DCs",
@@ -128,7 +128,7 @@ pub fn run(a: &SweepArgs) -> Result<()> {
             "WAN use",
             "util w/o->w",
             "slowdown"
-        );
+        )?;
     }
     let json = a.json;
     let rows = sweep::sweep(&models, &o, |r: &SweepRow| {
@@ -212,10 +212,10 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if a.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&prism_io::geo::sweep_json(&rows))?
-        );
+        )?;
         return Ok(());
     }
     // Where the paper's headline figures are (or are not) reached.
@@ -234,14 +234,14 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         }
     }
     if let Some((s, r, d)) = best {
-        println!(
+        outln!(
             "\n  largest ATLAS speedup: {s:.2}x over {} ({}, {} DCs, {} Gb/s, RTT {} ms); paper: up to 17x",
             d.name(),
             r.model,
             r.dcs,
             r.gbps,
             r.rtt_ms
-        );
+        )?;
     }
     if let Some(r) = rows
         .iter()
@@ -254,7 +254,7 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         })
     {
         let u = r.utilisation.unwrap();
-        println!(
+        outln!(
             "  largest GPU utilisation with BUBBLETEA: {:.1}% (from {:.1}%; {}, {} DCs, {} Gb/s, RTT {} ms); paper: up to 94%",
             100.0 * u.1,
             100.0 * u.0,
@@ -262,12 +262,12 @@ pub fn run(a: &SweepArgs) -> Result<()> {
             r.dcs,
             r.gbps,
             r.rtt_ms
-        );
+        )?;
     }
     let worst = rows
         .iter()
         .filter_map(|r| r.utilisation.map(|u| u.2))
         .fold(0.0f64, f64::max);
-    println!("  largest training slowdown from BUBBLETEA over all points: {worst:e}");
+    outln!("  largest training slowdown from BUBBLETEA over all points: {worst:e}")?;
     Ok(())
 }

@@ -100,6 +100,23 @@ struct SimulateArgs {
     allow_oom: bool,
 }
 
+/// `println!` that returns the write error instead of panicking, so that a closed pipe
+/// (`prism validate --show ID | head`) ends the command quietly like every other output path.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` that returns the write error instead of panicking (see `outln!`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod bench;
 mod calibrate;
 mod detect;

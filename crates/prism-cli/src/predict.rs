@@ -193,65 +193,72 @@ pub fn run(args: &PredictArgs) -> Result<()> {
             "block_iterations": pr.block,
             "block_exact": pr.block_exact,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "Prism predict: {}  ({} GPUs, {:.3e} tokens = {} iterations)",
         job.name,
         job.num_gpus(),
         args.tokens,
         iterations
-    );
-    println!(
+    )?;
+    outln!(
         "  {} Monte Carlo iterations ({}) on {clusters} clusters of GPUs, {} end-to-end runs, seed {seed}",
-        args.samples, method, args.runs
-    );
-    println!();
-    println!(
+        args.samples,
+        method,
+        args.runs
+    )?;
+    outln!()?;
+    outln!(
         "  step time (s)        mean {:.3}  p50 {:.3}  p90 {:.3}  p95 {:.3}  p99 {:.3}",
-        step.mean, step.p50, step.p90, step.p95, step.p99
-    );
-    println!(
+        step.mean,
+        step.p50,
+        step.p90,
+        step.p95,
+        step.p99
+    )?;
+    outln!(
         "  training time (days) mean {:.2}  p50 {:.2}  p90 {:.2}  p95 {:.2}  p99 {:.2}",
         total.mean / day,
         total.p50 / day,
         total.p90 / day,
         total.p95 / day,
         total.p99 / day
-    );
-    println!(
+    )?;
+    outln!(
         "  expected interruptions {interruptions:.1}; effective training time ratio {:.1}%",
         100.0 * ratio
-    );
+    )?;
     if pr.abandoned_runs > 0 {
-        println!(
+        outln!(
             "  did not complete: {} of {} runs abandoned (failures too frequent for training to \
              progress); the training time above covers the completed runs only",
-            pr.abandoned_runs, args.runs
-        );
+            pr.abandoned_runs,
+            args.runs
+        )?;
     }
     if !pr.block_exact {
-        println!(
+        outln!(
             "  runs played out in central-limit blocks of {} iterations (past {} per block)",
             pr.block,
             prism_predict::predict::EXACT_BLOCK_MAX
-        );
+        )?;
     }
     match guarantee {
-        Some(t) => println!(
+        Some(t) => outln!(
             "  guarantee: P(training time <= {:.2} days) >= {} (at {:.0}% confidence)",
             t / day,
             args.quantile,
             100.0 * args.confidence
-        ),
-        None => println!(
+        )?,
+        None => outln!(
             "  guarantee: too few runs for a {:.0}%-confidence bound on the {} quantile; raise --runs",
             100.0 * args.confidence,
             args.quantile
-        ),
+        )?,
     }
-    print_attribution(p95_attr);
+    print_attribution(p95_attr)?;
     Ok(())
 }
 
@@ -272,9 +279,9 @@ fn attribution_meta_json(a: &P95Attribution) -> serde_json::Value {
                        "all_ranks_recorded": a.all_ranks, "method": a.method})
 }
 
-fn print_attribution(a: &P95Attribution) {
-    println!();
-    println!(
+fn print_attribution(a: &P95Attribution) -> Result<()> {
+    outln!()?;
+    outln!(
         "  top {TOP_CONTRIBUTORS} contributors to the p95 step ({}): sample {}, step {:.3} s, path {:.3} s{}",
         a.method,
         a.sample,
@@ -285,20 +292,21 @@ fn print_attribution(a: &P95Attribution) {
         } else {
             " (first DP replica of every stage recorded)"
         }
-    );
+    )?;
     for (name, kind, t) in &a.ops {
-        println!(
+        outln!(
             "    {:<28} {:<12} {:>9.4} s  {:>5.1}%",
             name,
             kind,
             t,
             100.0 * a.share(*t)
-        );
+        )?;
     }
     let who: Vec<String> = a
         .who
         .iter()
         .map(|(name, _, t)| format!("{name} {:.1}%", 100.0 * a.share(*t)))
         .collect();
-    println!("    by rank: {}", who.join(", "));
+    outln!("    by rank: {}", who.join(", "))?;
+    Ok(())
 }

@@ -45,9 +45,9 @@ pub fn run(cmd: &ProfileCommand) -> Result<()> {
             "classes": totals.iter().map(|(k, (n, s))| serde_json::json!({"class": k, "count": n, "seconds": s})).collect::<Vec<_>>(),
             "table_rows": table.len(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        println!(
+        outln!(
             "{}: {} kernels, {:.3} ms kernel time{}{}",
             a.trace.display(),
             trace.kernels.len(),
@@ -61,20 +61,23 @@ pub fn run(cmd: &ProfileCommand) -> Result<()> {
                 .step_s
                 .map(|s| format!(", step {:.1} ms", s * 1e3))
                 .unwrap_or_default()
-        );
-        println!(
+        )?;
+        outln!(
             "  {:<22} {:>8} {:>12} {:>7}",
-            "class", "kernels", "ms", "share"
-        );
+            "class",
+            "kernels",
+            "ms",
+            "share"
+        )?;
         for (k, (n, s)) in &totals {
-            println!(
+            outln!(
                 "  {k:<22} {n:>8} {:>12.3} {:>6.1}%",
                 s * 1e3,
                 100.0 * s / all.max(f64::MIN_POSITIVE)
-            );
+            )?;
         }
         if let Some(out) = &a.out {
-            println!("  wrote {} table rows to {}", table.len(), out.display());
+            outln!("  wrote {} table rows to {}", table.len(), out.display())?;
         }
     }
     Ok(())

@@ -102,10 +102,15 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
             .iter()
             .find(|c| &c.id == id)
             .with_context(|| format!("--show: no case `{id}`"))?;
-        println!(
+        outln!(
             "# case {} ({}): {} = {}\n# assumptions: {}\n{}",
-            c.id, c.source, c.metric, c.published, c.assumptions, c.job_toml
-        );
+            c.id,
+            c.source,
+            c.metric,
+            c.published,
+            c.assumptions,
+            c.job_toml
+        )?;
         return Ok(true);
     }
     if let Some(f) = &args.filter {
@@ -163,29 +168,31 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
                 "predicted": r.predicted, "error_pct": r.error_pct, "tolerance_pct": r.tolerance_pct, "within": r.within,
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        print!("{}", validation::results_table(&results));
-        println!();
-        print!("{}", validation::stats_table(&per_source, &overall));
+        out!("{}", validation::results_table(&results))?;
+        outln!()?;
+        out!("{}", validation::stats_table(&per_source, &overall))?;
         if let Some((m, x, n)) = calculon {
-            println!();
-            println!(
+            outln!()?;
+            outln!(
                 "Korthikanti et al. 2022 Table 5 ({n} runs): Prism mean {m:.2}% max {x:.2}%   Calculon mean {CALCULON_MEAN_PCT:.2}% max {CALCULON_MAX_PCT:.2}%"
-            );
+            )?;
         }
         if !excluded.is_empty() {
-            println!();
-            println!(
+            outln!()?;
+            outln!(
                 "{} cases not modelled (see validation/cases.csv for the reasons)",
                 excluded.len()
-            );
+            )?;
         }
         for f in &failures {
-            println!(
+            outln!(
                 "OUT OF TOLERANCE: {} error {:+.2}% > {:.1}%",
-                f.id, f.error_pct, f.tolerance_pct
-            );
+                f.id,
+                f.error_pct,
+                f.tolerance_pct
+            )?;
         }
     }
     Ok(failures.is_empty())

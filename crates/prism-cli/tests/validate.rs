@@ -105,3 +105,25 @@ fn prism_io_table(path: &std::path::Path) -> usize {
         .count()
         - 1
 }
+
+/// A reader that goes away (`prism validate | head`) ends the command quietly: exit 0, no
+/// panic. The pipe's read end is closed before the command starts, so every write fails.
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    for args in [
+        &["validate", "--show", "dsv3_pretrain"][..],
+        &["validate"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let o = Command::new(env!("CARGO_BIN_EXE_prism"))
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("run prism");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {:?}\n{err}", o.status);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
