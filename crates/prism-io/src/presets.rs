@@ -77,6 +77,18 @@ const MODELS: &[(&str, &str)] = &[
         "llama4-maverick",
         include_str!("../presets/models/llama4-maverick.toml"),
     ),
+    (
+        "qwen3-30b-a3b",
+        include_str!("../presets/models/qwen3-30b-a3b.toml"),
+    ),
+    (
+        "gpt-oss-120b",
+        include_str!("../presets/models/gpt-oss-120b.toml"),
+    ),
+    (
+        "gpt-oss-20b",
+        include_str!("../presets/models/gpt-oss-20b.toml"),
+    ),
 ];
 
 /// Cluster presets: (name, TOML text with `[cluster]` keys, without `nodes`).

@@ -346,3 +346,52 @@ fn presets_match_the_configs() {
         assert_eq!(p, hf, "{preset}");
     }
 }
+
+/// Qwen3-30B-A3B (Qwen3 technical report, arXiv:2505.09388, Table 2): 30.5 B total, 3.3 B
+/// activated; the preset equals the model read from the published config.
+#[test]
+fn qwen3_30b_a3b() {
+    let m = read("hf/qwen3-30b-a3b.json");
+    assert_published("Qwen3-30B-A3B total", m.params(), 30.5, 0.01);
+    // 3.35 B with the embeddings (the count Qwen's other figures match, e.g. 22.19 B for
+    // 235B-A22B) against the published 3.3 B: +1.6%.
+    assert_published("Qwen3-30B-A3B active", m.active_params(), 3.3, 0.02);
+    let pm = preset_model("qwen3-30b-a3b");
+    assert_eq!(
+        (pm.params(), pm.active_params()),
+        (m.params(), m.active_params())
+    );
+}
+
+/// The gpt-oss presets equal the models read from the published configs (120b) and keep the
+/// model card's totals (20b: 20.9 B total, 3.61 B active without the input embedding).
+#[test]
+fn gpt_oss_presets() {
+    let m = read("hf/gpt-oss-120b.json");
+    let p120 = preset_model("gpt-oss-120b");
+    assert_eq!(p120.arch, m.arch);
+    assert_eq!(
+        (p120.params(), p120.active_params()),
+        (m.params(), m.active_params())
+    );
+    let p20 = preset_model("gpt-oss-20b");
+    assert_published("gpt-oss-20b total", p20.params(), 20.91, 0.01);
+    assert_published(
+        "gpt-oss-20b active",
+        active_without_embedding(&p20),
+        3.61,
+        0.01,
+    );
+}
+
+/// The model of preset `name`, through a minimal job (as a user's job file would load it).
+fn preset_model(name: &str) -> Model {
+    let text = format!(
+        "name = \"t\"\n[model]\npreset = \"{name}\"\n[cluster]\npreset = \"dgx-h100\"\n\
+         nodes = 1\n[parallel]\ntp = 1\npp = 1\ndp = 8\n[training]\nglobal_batch = 8\n"
+    );
+    prism_io::jobfile::load_job_str(&text, "preset job", None, &[])
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .job
+        .model
+}

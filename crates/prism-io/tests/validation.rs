@@ -25,11 +25,15 @@ fn cases() -> Vec<Case> {
 
 /// Cases of `cases.csv` that are not rows of the shared calibration set: published large
 /// mixture-of-experts training runs (validation/README.md, "Large MoE runs").
-const MOE_IDS: [&str; 4] = [
+const MOE_IDS: [&str; 8] = [
     "dsv3_pretrain",
     "dsv2_pretrain",
     "automodel_dsv3_256",
     "automodel_dsv3_1024",
+    "automodel_qwen3_30b_8",
+    "automodel_gptoss120_64",
+    "automodel_gptoss20_8",
+    "automodel_kimik2_256",
 ];
 
 /// Ids of `shared/validation/calibration.csv` (first column), if the shared folder is there
