@@ -1294,6 +1294,9 @@ const PUBLISHED: &[(&str, f64, Option<&str>)] = &[
     ("qwen3-235b-a22b", 235.0, None),
     ("gemma3-27b", 27.0, None),
     ("llama4-maverick", 400.0, None),
+    ("qwen3-30b-a3b", 30.5, None),
+    ("gpt-oss-120b", 116.83, None),
+    ("gpt-oss-20b", 20.91, None),
 ];
 
 #[test]
