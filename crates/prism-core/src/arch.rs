@@ -183,14 +183,28 @@ impl Arch {
     /// `(nodes - 1) / nodes` are remote, and each remote node receives the token once
     /// (DeepSeek-V3, Sec. 3.2.2: at most 4 nodes over InfiniBand, then NVLink forwarding).
     /// Without the limit every copy bound elsewhere crosses: `k (ranks - per_node) / ranks`.
-    pub fn node_limited_nic_scale(&self, top_k: u32, nodes: u32, ranks: u32, per_node: u32) -> f64 {
-        if self.moe_groups == 0 || nodes <= 1 || ranks <= per_node {
+    ///
+    /// `dedup` (DeepEP's dispatch, [`crate::job::MoeDispatcher::DeepEp`]) prices the one copy
+    /// per distinct remote node without a group limit: the token's experts may lie on every
+    /// node, `r = nodes`.
+    pub fn node_limited_nic_scale(
+        &self,
+        top_k: u32,
+        nodes: u32,
+        ranks: u32,
+        per_node: u32,
+        dedup: bool,
+    ) -> f64 {
+        if (self.moe_groups == 0 && !dedup) || nodes <= 1 || ranks <= per_node {
             return 1.0;
         }
         let n = nodes as f64;
-        let reach = (self.moe_groups_per_token as f64 * (n / self.moe_groups as f64).max(1.0))
-            .min(n)
-            .max(1.0);
+        let (groups, per_token) = if self.moe_groups == 0 {
+            (1.0, 1.0)
+        } else {
+            (self.moe_groups as f64, self.moe_groups_per_token as f64)
+        };
+        let reach = (per_token * (n / groups).max(1.0)).min(n).max(1.0);
         let k = top_k.max(1) as f64;
         let distinct = reach * (1.0 - (1.0 - 1.0 / reach).powf(k));
         let with_limit = distinct * (n - 1.0) / n;

@@ -276,6 +276,8 @@ impl ExecutionGraph {
             crate::job::Schedule::DualPipe => 2 * job.parallel.pp as u64,
             _ => 1,
         };
+        // Every run of the schedule (`pipeline_rounds`) needs a whole unit.
+        let unit = unit * job.parallel.pipeline_rounds.max(1) as u64;
         let (m1, m2) = (unit, 2 * unit);
         let with_micro_batches = |mb: u64| -> Option<u64> {
             let per = job.parallel.dp as u64 * job.parallel.micro_batch as u64;
@@ -331,7 +333,9 @@ impl ExecutionGraph {
         let ep_nic_scale = match &job.model.moe {
             Some(moe) if job.parallel.ep > 1 => {
                 let s = crate::engine::group_shape(&layout, GroupKind::Ep, 0);
-                (job.model.arch).node_limited_nic_scale(moe.top_k, s.nodes, s.ranks, s.per_node)
+                let dedup = job.parallel.moe_dispatcher == crate::job::MoeDispatcher::DeepEp;
+                (job.model.arch)
+                    .node_limited_nic_scale(moe.top_k, s.nodes, s.ranks, s.per_node, dedup)
             }
             _ => 1.0,
         };
@@ -662,54 +666,63 @@ impl<'a> StageBuilder<'a> {
     fn build(&mut self) {
         let j = self.job;
         let par = &j.parallel;
+        // `m` covers the whole iteration (the last backward triggers the gradient sync); each
+        // of the `pipeline_rounds` runs of the schedule covers `mr` of them, numbered on.
         let m = j.micro_batches() as u32;
+        let rounds = par.pipeline_rounds.max(1);
+        let mr = m / rounds;
         self.buckets = self.plan_buckets();
         self.param_gather_at_start();
-        if let Some(steps) =
-            crate::schedules::pipe_steps(par.schedule, self.stage, par.pp, m, par.vpp)
-        {
-            for st in steps {
-                match st {
-                    PipeStep::Forward(mb, c) => self.forward_step(mb, c, m),
-                    PipeStep::Backward(mb, c) => self.backward_step(mb, c, m),
-                    PipeStep::BackwardInput(mb, c) => self.backward_input_step(mb, c, m),
-                    PipeStep::Weight(mb, c) => self.weight_step(mb, c, m),
-                    PipeStep::ForwardBackward(f, b) => {
-                        // As the reference's `_forward_backward_chunk`, the pair's compute
-                        // starts once both chunks' inputs are received: the backward's
-                        // receive is posted first and gates the forward's first kernel.
-                        // Its sends are issued once the pair's compute is done (they are
-                        // committed with the next chunk's transfers).
-                        self.pair_gate = self.pre_recv_gradient(b.0, b.1);
-                        self.held_sends = Some(Vec::new());
-                        let start = self.prog.len() as u32;
-                        self.forward_step(f.0, f.1, m);
-                        let mid = self.prog.len() as u32;
-                        self.backward_step(b.0, b.1, m);
-                        self.interleave(start, mid);
-                        let held = self.held_sends.take().unwrap_or_default();
-                        self.send_after = self.prog.stream_ops[Stream::Compute as usize]
-                            .last()
-                            .copied();
-                        for (delta, tag, optag, cur) in held {
-                            self.send(delta, tag, optag, cur);
-                        }
-                        self.send_after = None;
+        for round in 0..rounds {
+            let off = round * mr;
+            if let Some(steps) =
+                crate::schedules::pipe_steps(par.schedule, self.stage, par.pp, mr, par.vpp)
+            {
+                for st in steps {
+                    self.pipe_step(st.shifted(off), m);
+                }
+            } else {
+                for step in schedule(par.schedule, self.stage, par.pp, mr, par.vpp) {
+                    if step.forward {
+                        self.forward_step(step.micro_batch + off, step.chunk, m);
+                    } else {
+                        self.backward_step(step.micro_batch + off, step.chunk, m);
                     }
                 }
             }
-            self.optimizer();
-            return;
-        }
-        let steps = schedule(par.schedule, self.stage, par.pp, m, par.vpp);
-        for step in steps {
-            if step.forward {
-                self.forward_step(step.micro_batch, step.chunk, m);
-            } else {
-                self.backward_step(step.micro_batch, step.chunk, m);
-            }
         }
         self.optimizer();
+    }
+
+    /// One step of an overlapping schedule (DualPipe, 1F1B with EP overlap).
+    fn pipe_step(&mut self, st: PipeStep, m: u32) {
+        match st {
+            PipeStep::Forward(mb, c) => self.forward_step(mb, c, m),
+            PipeStep::Backward(mb, c) => self.backward_step(mb, c, m),
+            PipeStep::BackwardInput(mb, c) => self.backward_input_step(mb, c, m),
+            PipeStep::Weight(mb, c) => self.weight_step(mb, c, m),
+            PipeStep::ForwardBackward(f, b) => {
+                // As the reference's `_forward_backward_chunk`, the pair's compute starts once
+                // both chunks' inputs are received: the backward's receive is posted first and
+                // gates the forward's first kernel. Its sends are issued once the pair's
+                // compute is done (they are committed with the next chunk's transfers).
+                self.pair_gate = self.pre_recv_gradient(b.0, b.1);
+                self.held_sends = Some(Vec::new());
+                let start = self.prog.len() as u32;
+                self.forward_step(f.0, f.1, m);
+                let mid = self.prog.len() as u32;
+                self.backward_step(b.0, b.1, m);
+                self.interleave(start, mid);
+                let held = self.held_sends.take().unwrap_or_default();
+                self.send_after = self.prog.stream_ops[Stream::Compute as usize]
+                    .last()
+                    .copied();
+                for (delta, tag, optag, cur) in held {
+                    self.send(delta, tag, optag, cur);
+                }
+                self.send_after = None;
+            }
+        }
     }
 
     /// Overlaps the ops `start..mid` (a forward chunk) with `mid..` (a backward chunk, built

@@ -367,6 +367,8 @@ pub struct Parallel {
     /// compute kernels run on the rest. 0: communication takes no compute SMs (NCCL's copy
     /// engines and its own short-lived kernels, as the calibration assumes).
     pub comm_sms: u32,
+    /// How the expert all-to-alls move tokens ([`MoeDispatcher`]).
+    pub moe_dispatcher: MoeDispatcher,
     /// Order of the parallel dimensions over the ranks.
     pub order: RankOrder,
     /// ZeRO stage of the data-parallel dimension (Rajbhandari et al. 2020): 0 nothing sharded,
@@ -380,6 +382,12 @@ pub struct Parallel {
     /// Reduce data-parallel gradients in BF16 (Megatron `--grad-reduce-in-bf16`; DeepSpeed's
     /// FP16/BF16 communication data type) instead of FP32: half the bytes.
     pub grad_reduce_in_bf16: bool,
+    /// Times the pipeline schedule runs per iteration, each over `micro_batches / pipeline_rounds`
+    /// micro-batches with its own warm-up and cool-down, gradients accumulated across them and
+    /// synchronised after the last (gradient accumulation outside the schedule, as
+    /// torch.distributed.pipelining runs it in torchtitan and NeMo AutoModel). 1: one schedule
+    /// over all micro-batches (Megatron). No effect without pipeline parallelism.
+    pub pipeline_rounds: u32,
     /// Pipeline messages split over the TP ranks and gathered over NVLink on arrival
     /// (Megatron's scatter/gather optimisation, Narayanan et al. 2021 Sec. 4.1); without it
     /// every TP rank sends the whole activation. No effect with sequence parallelism (the
@@ -423,6 +431,21 @@ pub struct Training {
     pub memory_saving: MemorySaving,
     /// How FP8 GEMM operands are scaled (only with [`Precision::Fp8`]).
     pub fp8_recipe: Fp8Recipe,
+}
+
+/// How expert-parallel tokens are exchanged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MoeDispatcher {
+    /// NCCL all-to-all (Megatron's `alltoall` dispatcher): every routed copy of a token bound for
+    /// another node crosses the network on its own.
+    #[default]
+    AllToAll,
+    /// DeepEP's dispatch and combine (Megatron's `flex` dispatcher, NeMo AutoModel's
+    /// `dispatcher: deepep`): a token crosses the network once per distinct remote node, to
+    /// the GPU with its own local index, and is forwarded over NVLink to the experts there
+    /// (DeepSeek-V3 report Sec. 3.2.2; the kernels DeepSeek released as DeepEP). Group-limited
+    /// routing (`model.moe_groups`) implies it.
+    DeepEp,
 }
 
 /// Scaling granularity of FP8 GEMM operands. Finer scales keep more precision and cost GEMM
@@ -729,6 +752,12 @@ impl Job {
     pub fn micro_batches(&self) -> u64 {
         self.training.global_batch as u64
             / (self.parallel.dp as u64 * self.parallel.micro_batch as u64)
+    }
+
+    /// Micro-batches of one run of the pipeline schedule: [`Job::micro_batches`] over
+    /// `parallel.pipeline_rounds`.
+    pub fn round_micro_batches(&self) -> u64 {
+        self.micro_batches() / self.parallel.pipeline_rounds.max(1) as u64
     }
 
     /// Tokens per iteration.
@@ -1318,11 +1347,28 @@ impl Job {
                  need pp = 1 with training.stack = \"deepspeed\")",
             ));
         }
-        if p.schedule == Schedule::Interleaved && !mbs.is_multiple_of(p.pp as u64) {
+        let rounds = p.pipeline_rounds as u64;
+        if rounds == 0 || !mbs.is_multiple_of(rounds) {
+            return Err(JobError::new(
+                "parallel.pipeline_rounds",
+                format!(
+                    "must be at least 1 and divide the micro-batch count ({mbs}); got {rounds}"
+                ),
+            ));
+        }
+        if rounds > 1 && p.schedule == Schedule::DualPipe {
+            return Err(JobError::new(
+                "parallel.pipeline_rounds",
+                "DualPipe runs its schedule once per iteration (pipeline_rounds must be 1)",
+            ));
+        }
+        let per_round = mbs / rounds;
+        if p.schedule == Schedule::Interleaved && !per_round.is_multiple_of(p.pp as u64) {
             return Err(JobError::new(
                 "training.global_batch",
                 format!(
-                    "the interleaved schedule needs the micro-batch count ({mbs}) divisible by pp ({})",
+                    "the interleaved schedule needs the micro-batch count ({per_round} per \
+                     schedule run) divisible by pp ({})",
                     p.pp
                 ),
             ));
@@ -1499,9 +1545,11 @@ pub mod fixtures {
                 overlap_param_gather: true,
                 tp_comm_overlap: false,
                 comm_sms: 0,
+                moe_dispatcher: MoeDispatcher::AllToAll,
                 order: RankOrder::TpCpEpDpPp,
                 zero_stage: 1,
                 grad_reduce_in_bf16: false,
+                pipeline_rounds: 1,
                 pp_scatter_gather: true,
             },
             training: Training {

@@ -391,7 +391,7 @@ pub fn layer_activation_bytes_at(job: &Job, recompute: Recompute, layer: u32) ->
 pub fn in_flight_microbatches(job: &Job, stage: u32) -> f64 {
     let p = job.parallel.pp as u64;
     let i = stage as u64;
-    let m = job.micro_batches();
+    let m = job.round_micro_batches();
     let v = job.parallel.vpp as u64;
     match job.parallel.schedule {
         Schedule::GPipe => m as f64,
@@ -543,7 +543,7 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
         return interleaved_weighted_peak(
             p.pp as u64,
             p.vpp as u64,
-            job.micro_batches(),
+            job.round_micro_batches(),
             stage as u64,
             &weights,
             warmup_extra(job),
@@ -571,7 +571,7 @@ pub fn in_flight_activations(job: &Job, stage: u32) -> f64 {
     interleaved_weighted_peak(
         p.pp as u64,
         p.vpp as u64,
-        job.micro_batches(),
+        job.round_micro_batches(),
         stage as u64,
         &weights,
         warmup_extra(job),
@@ -622,7 +622,7 @@ fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
             let p = job.parallel.pp as u64;
             let v = job.parallel.vpp as u64;
             let chunk = if first { 0 } else { v - 1 };
-            let m = job.micro_batches();
+            let m = job.round_micro_batches();
             interleaved_chunk_peak(p, v, m, stage as u64, Some(chunk), warmup_extra(job)) as f64
         }
     }

@@ -65,6 +65,21 @@ pub enum PipeStep {
     Weight(u32, u32),
 }
 
+impl PipeStep {
+    /// The same step with every micro-batch number raised by `off` (a later run of the schedule
+    /// within one iteration, `parallel.pipeline_rounds`).
+    pub fn shifted(self, off: u32) -> PipeStep {
+        let s = |(mb, c): (u32, u32)| (mb + off, c);
+        match self {
+            PipeStep::Forward(mb, c) => PipeStep::Forward(mb + off, c),
+            PipeStep::Backward(mb, c) => PipeStep::Backward(mb + off, c),
+            PipeStep::ForwardBackward(f, b) => PipeStep::ForwardBackward(s(f), s(b)),
+            PipeStep::BackwardInput(mb, c) => PipeStep::BackwardInput(mb + off, c),
+            PipeStep::Weight(mb, c) => PipeStep::Weight(mb + off, c),
+        }
+    }
+}
+
 /// Checks the rules of the DualPipe schedule (its reference implementation's assertions).
 pub fn validate_dualpipe(job: &Job) -> Result<(), JobError> {
     let p = &job.parallel;
@@ -306,7 +321,7 @@ pub fn validate_overlapped_1f1b(job: &Job) -> Result<(), JobError> {
             ),
         ));
     }
-    let m = job.micro_batches();
+    let m = job.round_micro_batches();
     if p.pp > 1 && !m.is_multiple_of(p.pp as u64) {
         return Err(JobError::new(
             "training.global_batch",

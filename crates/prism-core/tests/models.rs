@@ -823,6 +823,100 @@ fn interleaved_1f1b_overlap_bubble_equals_the_closed_form() {
     }
 }
 
+/// Truth: running the pipeline schedule `R` times per iteration (`parallel.pipeline_rounds`,
+/// gradient accumulation outside the schedule) pays its warm-up and cool-down `R` times. With
+/// communication free and uniform chunks the engine's idle time is `R (PP - 1)(F + B) / VPP`
+/// (interleaved, and 1F1B with EP overlap; `F`, `B` a stage's whole forward and backward)
+/// within 1 ns; the memory peak is that of one run's micro-batches; reduced == full and
+/// slice == full.
+#[test]
+fn pipeline_rounds_pay_the_bubble_each_run() {
+    use prism_core::cost::compute::ComputeModel;
+    use prism_core::graph::Phase;
+    use prism_core::job::Schedule;
+    for (schedule, pp, v, m, rounds) in [
+        (Schedule::Interleaved, 4u32, 2u32, 16u32, 2u32),
+        (Schedule::Interleaved, 2, 3, 12, 3),
+        (Schedule::OneFOneBOverlap, 2, 2, 8, 2),
+    ] {
+        let mut job = interleaved_overlap_job(pp, v, m);
+        job.parallel.schedule = schedule;
+        job.parallel.pipeline_rounds = rounds;
+        job.model.vocab = 8;
+        let job = valid(job);
+        let (g, params, table) = free_extras(&job);
+        let cm = ComputeModel::new(&job, params.clone(), Some(table.clone()));
+        let p = &g.programs[(pp / 2) as usize];
+        let (mut f, mut b) = (0u64, 0u64);
+        for (i, k) in p.kind.iter().enumerate() {
+            if let OpKind::Compute(op) = k
+                && p.tag[i].micro_batch == 1
+            {
+                match p.tag[i].phase {
+                    Phase::Forward => f += cm.time_ps(op),
+                    Phase::Backward | Phase::Weight => b += cm.time_ps(op),
+                    _ => {}
+                }
+            }
+        }
+        let (f, b) = (f as f64 * 1e-12, b as f64 * 1e-12);
+        let opts = SimOptions {
+            ideal_network: true,
+            compute: Some(params),
+            kernel_table: Some(table),
+            ..SimOptions::default()
+        };
+        let r = simulate(&job, &opts).unwrap();
+        let want = rounds as f64 * (pp as f64 - 1.0) * (f + b) / v as f64;
+        for rank in [0, r.ranks.len() - 1] {
+            let bubble = r.ranks[rank].breakdown.bubble_s;
+            eprintln!(
+                "[{schedule:?} pp {pp} vpp {v} m {m} rounds {rounds} rank {rank}] bubble: engine \
+                 {:.3} us, R (PP-1)(F+B)/VPP {:.3} us",
+                bubble * 1e6,
+                want * 1e6
+            );
+            assert!(
+                (bubble - want).abs() < 1e-9,
+                "{schedule:?}: {bubble} vs {want}"
+            );
+        }
+        // Memory: the peak of one run's micro-batches.
+        let mut one = job.clone();
+        one.parallel.pipeline_rounds = 1;
+        one.training.global_batch /= rounds;
+        let one = valid(one);
+        for stage in 0..pp {
+            assert_eq!(
+                memory::stage_memory(&job, stage).activations,
+                memory::stage_memory(&one, stage).activations,
+                "stage {stage}"
+            );
+        }
+        // Reduced and slice modes agree with the full run.
+        let full = simulate(&job, &SimOptions::default()).unwrap();
+        let red = simulate(
+            &job,
+            &SimOptions {
+                mode: Mode::Reduced,
+                ..SimOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(full.summary.iteration_time_s, red.summary.iteration_time_s);
+        let n = job.num_gpus() as u32;
+        let sl = simulate(
+            &job,
+            &SimOptions {
+                mode: Mode::Slice(vec![1, n - 1]),
+                ..SimOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(full.summary.iteration_time_s, sl.summary.iteration_time_s);
+    }
+}
+
 /// Truth: overlapping the expert all-to-all with the other chunk's compute never slows an
 /// iteration and hides all-to-all time: DualPipe against 1F1B on the same pipeline, and
 /// 1F1B-overlap against 1F1B on one stage, for an MoE job whose expert parallelism crosses
@@ -925,24 +1019,35 @@ fn node_limited_routing_cuts_the_all_to_all_network_bytes() {
         ..Arch::default()
     };
     let want = 4.0 * (1.0 - 0.75f64.powi(8)) * 7.0 / 8.0 / (8.0 * 56.0 / 64.0);
-    assert!((a.node_limited_nic_scale(8, 8, 64, 8) - want).abs() < 1e-12);
+    assert!((a.node_limited_nic_scale(8, 8, 64, 8, false) - want).abs() < 1e-12);
     assert!((want - 0.4504).abs() < 1e-3);
     // No limit, one node, or a limit wider than the nodes it could reach: no change.
-    assert_eq!(Arch::default().node_limited_nic_scale(8, 8, 64, 8), 1.0);
-    assert_eq!(a.node_limited_nic_scale(8, 1, 8, 8), 1.0);
+    assert_eq!(
+        Arch::default().node_limited_nic_scale(8, 8, 64, 8, false),
+        1.0
+    );
+    assert_eq!(a.node_limited_nic_scale(8, 1, 8, 8, false), 1.0);
     let wide = Arch {
         moe_groups: 8,
         moe_groups_per_token: 8,
         ..Arch::default()
     };
-    assert!(wide.node_limited_nic_scale(1, 8, 64, 8) <= 1.0);
+    assert!(wide.node_limited_nic_scale(1, 8, 64, 8, false) <= 1.0);
     // Fewer groups per token, fewer nodes crossed.
     let narrow = Arch {
         moe_groups: 8,
         moe_groups_per_token: 2,
         ..Arch::default()
     };
-    assert!(narrow.node_limited_nic_scale(8, 8, 64, 8) < want);
+    assert!(narrow.node_limited_nic_scale(8, 8, 64, 8, false) < want);
+    // DeepEP without a group limit: one copy per distinct remote node of all 8, 8 (1 - (7/8)^8)
+    // distinct, 7/8 remote, against the 8 x 56/64 copies; group limits set, the same as with
+    // them alone.
+    let deepep = 8.0 * (1.0 - 0.875f64.powi(8)) * 7.0 / 8.0 / (8.0 * 56.0 / 64.0);
+    let free = Arch::default().node_limited_nic_scale(8, 8, 64, 8, true);
+    assert!((free - deepep).abs() < 1e-12, "{free} vs {deepep}");
+    assert!((deepep - 0.6564).abs() < 1e-3, "{deepep}");
+    assert_eq!(a.node_limited_nic_scale(8, 8, 64, 8, true), want);
 
     // The engine: a small DeepSeek-style job with EP over 2 nodes.
     let mut base = small_deepseek_job(2, 1, 1, 32, 16);
@@ -971,4 +1076,14 @@ fn node_limited_routing_cuts_the_all_to_all_network_bytes() {
     let (tb, tl) = (t(&base, Mode::Full), t(&limited, Mode::Full));
     assert!(tl < tb, "{tl} vs {tb}");
     assert_eq!(t(&limited, Mode::Reduced), tl);
+    // DeepEP's dispatch without a limit: top-2 over both nodes, 2 (1 - 1/4) = 1.5 distinct,
+    // half remote (0.75 copies) against 2 x 8/16 = 1: a scale of 0.75, between the two.
+    let mut deepep = base.clone();
+    deepep.parallel.moe_dispatcher = prism_core::job::MoeDispatcher::DeepEp;
+    let deepep = valid(deepep);
+    let g = prism_core::graph::ExecutionGraph::build(&deepep);
+    assert!((g.ep_nic_scale - 0.75).abs() < 1e-12, "{}", g.ep_nic_scale);
+    let td = t(&deepep, Mode::Full);
+    assert!(tl < td && td < tb, "{tl} < {td} < {tb}");
+    assert_eq!(t(&deepep, Mode::Reduced), td);
 }

@@ -2,7 +2,7 @@
 //!
 //! Accepts the configs of these `model_type`s as they are published: `llama`, `mistral`,
 //! `qwen2`, `mixtral`, `qwen3`, `qwen3_moe`, `gemma2`, `gemma3` (and `gemma3_text`), `phi3`,
-//! `llama4` (and `llama4_text`), `gpt_oss`, `deepseek_v2` and `deepseek_v3`. A multimodal config
+//! `llama4` (and `llama4_text`), `gpt_oss`, `deepseek_v2`, `deepseek_v3` and `kimi_k2` (DeepSeek-V3's architecture). A multimodal config
 //! (`gemma3`, `llama4`) is read through its `text_config`: Prism simulates the language model
 //! (its vision encoder, under `vision_config`, is not part of the simulated training step).
 //! Keys this module does not use are ignored (HF configs carry many); a key that changes
@@ -66,6 +66,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
+    "kimi_k2",
 ];
 
 /// A `config.json` that could not be turned into a model.
@@ -295,6 +296,9 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
     let family = match model_type.as_str() {
         "gemma3_text" => "gemma3",
         "llama4_text" => "llama4",
+        // Moonshot's Kimi K2 is the DeepSeek-V3 architecture (its config names
+        // DeepseekV3ForCausalLM) with other sizes.
+        "kimi_k2" => "deepseek_v3",
         t => t,
     };
     let gemma = matches!(family, "gemma2" | "gemma3");

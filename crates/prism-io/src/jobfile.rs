@@ -24,7 +24,7 @@ use prism_core::job::{
     Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
     RankOrder, Recompute, Schedule, Stack, Topology, Training,
 };
-use prism_core::job::{ActivationCache, MemorySaving, OptimizerStateDtype};
+use prism_core::job::{ActivationCache, MemorySaving, MoeDispatcher, OptimizerStateDtype};
 use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
     CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
@@ -313,6 +313,8 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("zero_stage", Ty::U32),
     fld("grad_reduce_in_bf16", Ty::Bool),
     fld("pp_scatter_gather", Ty::Bool),
+    fld("pipeline_rounds", Ty::U32),
+    fld("moe_dispatcher", Ty::Str),
 ];
 
 const TRAINING_FIELDS: &[Field] = &[
@@ -2740,6 +2742,16 @@ fn build_parallel(
             .bool("grad_reduce_in_bf16")?
             .unwrap_or(sd.grad_reduce_in_bf16),
         pp_scatter_gather: g.bool("pp_scatter_gather")?.unwrap_or(sd.pp_scatter_gather),
+        pipeline_rounds: g.u32("pipeline_rounds")?.unwrap_or(1),
+        moe_dispatcher: g
+            .choice(
+                "moe_dispatcher",
+                &[
+                    ("alltoall", MoeDispatcher::AllToAll),
+                    ("deepep", MoeDispatcher::DeepEp),
+                ],
+            )?
+            .unwrap_or_default(),
     })
 }
 

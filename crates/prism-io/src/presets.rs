@@ -89,6 +89,7 @@ const MODELS: &[(&str, &str)] = &[
         "gpt-oss-20b",
         include_str!("../presets/models/gpt-oss-20b.toml"),
     ),
+    ("kimi-k2", include_str!("../presets/models/kimi-k2.toml")),
 ];
 
 /// Cluster presets: (name, TOML text with `[cluster]` keys, without `nodes`).

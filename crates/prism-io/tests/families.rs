@@ -395,3 +395,29 @@ fn preset_model(name: &str) -> Model {
         .job
         .model
 }
+
+/// Kimi K2 (Moonshot AI 2025 model card: 1 T total, 32 B activated; `model_type` `kimi_k2`, the
+/// DeepSeek-V3 architecture): read from its config as DeepSeek-V3 with 384 experts and 64
+/// heads, the preset equal to it.
+#[test]
+fn kimi_k2() {
+    let m = read("hf/kimi-k2.json");
+    assert_eq!(
+        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
+        Some((384, 8, 2048))
+    );
+    assert_eq!(
+        (m.heads, m.arch.moe_first_dense_layers, m.arch.mtp_depth),
+        (64, 1, 0)
+    );
+    assert!(m.arch.mla.is_some());
+    // 1026.4 B and 32.86 B against figures published in whole units (1 T, 32 B).
+    assert_published("Kimi K2 total", m.params(), 1000.0, 0.03);
+    assert_published("Kimi K2 active", m.active_params(), 32.0, 0.03);
+    let p = preset_model("kimi-k2");
+    assert_eq!(
+        (p.params(), p.active_params()),
+        (m.params(), m.active_params())
+    );
+    assert_eq!(p.arch, m.arch);
+}

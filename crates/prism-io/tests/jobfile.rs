@@ -1297,6 +1297,7 @@ const PUBLISHED: &[(&str, f64, Option<&str>)] = &[
     ("qwen3-30b-a3b", 30.5, None),
     ("gpt-oss-120b", 116.83, None),
     ("gpt-oss-20b", 20.91, None),
+    ("kimi-k2", 1000.0, None),
 ];
 
 #[test]
@@ -1946,5 +1947,56 @@ fn ep_overlap_flag_selects_the_combined_1f1b() {
         &["parallel.overlap_moe_expert_parallel_comm=true"],
         "parallel.vpp",
         &["needs vpp >= 2"],
+    );
+}
+
+/// `parallel.pipeline_rounds` (gradient accumulation over whole pipeline schedules): read, 1 by
+/// default, an error naming the key when it does not divide the micro-batches, and the
+/// interleaved schedule's divisibility checked per run.
+#[test]
+fn pipeline_rounds_key() {
+    assert_eq!(ok(SMALL, &[]).job.parallel.pipeline_rounds, 1);
+    let j = ok(SMALL, &["parallel.pipeline_rounds=4"]).job;
+    assert_eq!(
+        (j.parallel.pipeline_rounds, j.round_micro_batches()),
+        (4, 4)
+    );
+    fails(
+        SMALL,
+        &["parallel.pipeline_rounds=3"],
+        "parallel.pipeline_rounds",
+        &["divide the micro-batch count (16)"],
+    );
+    fails(
+        SMALL,
+        &["parallel.pipeline_rounds=0"],
+        "parallel.pipeline_rounds",
+        &["at least 1"],
+    );
+    // 16 micro-batches in 16 runs of one: the interleaved order needs pp (2) per run.
+    fails(
+        SMALL,
+        &["parallel.pipeline_rounds=16", "parallel.vpp=2"],
+        "training.global_batch",
+        &["1 per schedule run"],
+    );
+}
+
+/// `parallel.moe_dispatcher`: all-to-all by default, `"deepep"` read, anything else an error
+/// naming the key and the choices.
+#[test]
+fn moe_dispatcher_key() {
+    use prism_core::job::MoeDispatcher;
+    assert_eq!(
+        ok(SMALL, &[]).job.parallel.moe_dispatcher,
+        MoeDispatcher::AllToAll
+    );
+    let j = ok(SMALL, &["parallel.moe_dispatcher=\"deepep\""]).job;
+    assert_eq!(j.parallel.moe_dispatcher, MoeDispatcher::DeepEp);
+    fails(
+        SMALL,
+        &["parallel.moe_dispatcher=\"nccl\""],
+        "parallel.moe_dispatcher",
+        &["\"alltoall\"", "\"deepep\""],
     );
 }
