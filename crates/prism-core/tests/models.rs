@@ -362,29 +362,8 @@ fn overlapping_schedules_reduced_and_slice_equal_full() {
     .into_iter()
     .chain(variants)
     {
-        let full = simulate(&job, &SimOptions::default()).unwrap();
-        let red = simulate(
-            &job,
-            &SimOptions {
-                mode: Mode::Reduced,
-                ..SimOptions::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(full.summary.iteration_time_s, red.summary.iteration_time_s);
         let n = job.num_gpus() as u32;
-        let sl = simulate(
-            &job,
-            &SimOptions {
-                mode: Mode::Slice(vec![3, n - 2]),
-                ..SimOptions::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(full.summary.iteration_time_s, sl.summary.iteration_time_s);
-        for st in &sl.ranks {
-            assert_eq!(st.finish_s, full.ranks[st.rank as usize].finish_s);
-        }
+        let full = modes_agree(&job, vec![3, n - 2]);
         eprintln!(
             "[{:?} pp {}] {:.6} s, bubble {:.4}",
             job.parallel.schedule,
@@ -661,6 +640,37 @@ fn free_extras(
     (g, params, table)
 }
 
+/// With the extras free ([`free_extras`]) and communication free: the whole forward and
+/// backward compute time of one micro-batch on pipeline stage `stage` (all its chunks), and the
+/// simulated run.
+fn free_stage_times_and_run(job: &Job, stage: u32) -> (f64, f64, prism_core::engine::SimResult) {
+    use prism_core::cost::compute::ComputeModel;
+    use prism_core::graph::Phase;
+    let (g, params, table) = free_extras(job);
+    let cm = ComputeModel::new(job, params.clone(), Some(table.clone()));
+    let p = &g.programs[stage as usize];
+    let (mut f, mut b) = (0u64, 0u64);
+    for (i, k) in p.kind.iter().enumerate() {
+        if let OpKind::Compute(op) = k
+            && p.tag[i].micro_batch == 1
+        {
+            match p.tag[i].phase {
+                Phase::Forward => f += cm.time_ps(op),
+                Phase::Backward | Phase::Weight => b += cm.time_ps(op),
+                _ => {}
+            }
+        }
+    }
+    let opts = SimOptions {
+        ideal_network: true,
+        compute: Some(params),
+        kernel_table: Some(table),
+        ..SimOptions::default()
+    };
+    let r = simulate(job, &opts).unwrap();
+    (f as f64 * 1e-12, b as f64 * 1e-12, r)
+}
+
 /// Truth: DualPipe's bubble in the engine equals the exact closed form of its schedule
 /// (`schedules::dualpipe_bubble_exact`, derived and checked against a max-plus evaluation of
 /// the steps in `schedules.rs`, with and without the split), at PP = 2, 4, 8, 16, for the
@@ -771,37 +781,12 @@ fn interleaved_overlap_job(pp: u32, v: u32, m: u32) -> Job {
 /// engine's idle time equals it within 1 ns.
 #[test]
 fn interleaved_1f1b_overlap_bubble_equals_the_closed_form() {
-    use prism_core::cost::compute::ComputeModel;
-    use prism_core::graph::Phase;
     use prism_core::schedules::overlapped_1f1b_bubble;
     for (pp, v, m) in [(2u32, 2u32, 4u32), (4, 2, 8), (4, 3, 12), (8, 2, 16)] {
         let mut job = interleaved_overlap_job(pp, v, m);
         job.model.vocab = 8;
         let job = valid(job);
-        let (g, params, table) = free_extras(&job);
-        let cm = ComputeModel::new(&job, params.clone(), Some(table.clone()));
-        // A stage's whole forward and backward of one micro-batch (all its chunks).
-        let p = &g.programs[(pp / 2) as usize];
-        let (mut f, mut b) = (0u64, 0u64);
-        for (i, k) in p.kind.iter().enumerate() {
-            if let OpKind::Compute(op) = k
-                && p.tag[i].micro_batch == 1
-            {
-                match p.tag[i].phase {
-                    Phase::Forward => f += cm.time_ps(op),
-                    Phase::Backward | Phase::Weight => b += cm.time_ps(op),
-                    _ => {}
-                }
-            }
-        }
-        let (f, b) = (f as f64 * 1e-12, b as f64 * 1e-12);
-        let opts = SimOptions {
-            ideal_network: true,
-            compute: Some(params),
-            kernel_table: Some(table),
-            ..SimOptions::default()
-        };
-        let r = simulate(&job, &opts).unwrap();
+        let (f, b, r) = free_stage_times_and_run(&job, pp / 2);
         let want = overlapped_1f1b_bubble(pp, v, f, b);
         for rank in [0, r.ranks.len() - 1] {
             let bubble = r.ranks[rank].breakdown.bubble_s;
@@ -831,8 +816,6 @@ fn interleaved_1f1b_overlap_bubble_equals_the_closed_form() {
 /// slice == full.
 #[test]
 fn pipeline_rounds_pay_the_bubble_each_run() {
-    use prism_core::cost::compute::ComputeModel;
-    use prism_core::graph::Phase;
     use prism_core::job::Schedule;
     for (schedule, pp, v, m, rounds) in [
         (Schedule::Interleaved, 4u32, 2u32, 16u32, 2u32),
@@ -844,29 +827,7 @@ fn pipeline_rounds_pay_the_bubble_each_run() {
         job.parallel.pipeline_rounds = rounds;
         job.model.vocab = 8;
         let job = valid(job);
-        let (g, params, table) = free_extras(&job);
-        let cm = ComputeModel::new(&job, params.clone(), Some(table.clone()));
-        let p = &g.programs[(pp / 2) as usize];
-        let (mut f, mut b) = (0u64, 0u64);
-        for (i, k) in p.kind.iter().enumerate() {
-            if let OpKind::Compute(op) = k
-                && p.tag[i].micro_batch == 1
-            {
-                match p.tag[i].phase {
-                    Phase::Forward => f += cm.time_ps(op),
-                    Phase::Backward | Phase::Weight => b += cm.time_ps(op),
-                    _ => {}
-                }
-            }
-        }
-        let (f, b) = (f as f64 * 1e-12, b as f64 * 1e-12);
-        let opts = SimOptions {
-            ideal_network: true,
-            compute: Some(params),
-            kernel_table: Some(table),
-            ..SimOptions::default()
-        };
-        let r = simulate(&job, &opts).unwrap();
+        let (f, b, r) = free_stage_times_and_run(&job, pp / 2);
         let want = rounds as f64 * (pp as f64 - 1.0) * (f + b) / v as f64;
         for rank in [0, r.ranks.len() - 1] {
             let bubble = r.ranks[rank].breakdown.bubble_s;
@@ -894,27 +855,38 @@ fn pipeline_rounds_pay_the_bubble_each_run() {
             );
         }
         // Reduced and slice modes agree with the full run.
-        let full = simulate(&job, &SimOptions::default()).unwrap();
-        let red = simulate(
-            &job,
-            &SimOptions {
-                mode: Mode::Reduced,
-                ..SimOptions::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(full.summary.iteration_time_s, red.summary.iteration_time_s);
         let n = job.num_gpus() as u32;
-        let sl = simulate(
-            &job,
-            &SimOptions {
-                mode: Mode::Slice(vec![1, n - 1]),
-                ..SimOptions::default()
-            },
-        )
-        .unwrap();
-        assert_eq!(full.summary.iteration_time_s, sl.summary.iteration_time_s);
+        modes_agree(&job, vec![1, n - 1]);
     }
+}
+
+/// Simulates `job` in full, reduced and slice (`slice` ranks) mode and checks that they agree:
+/// the same iteration time, and every sliced rank finishing when it does in the full run.
+/// Returns the full run.
+fn modes_agree(job: &Job, slice: Vec<u32>) -> prism_core::engine::SimResult {
+    let full = simulate(job, &SimOptions::default()).unwrap();
+    let red = simulate(
+        job,
+        &SimOptions {
+            mode: Mode::Reduced,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(full.summary.iteration_time_s, red.summary.iteration_time_s);
+    let sl = simulate(
+        job,
+        &SimOptions {
+            mode: Mode::Slice(slice),
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(full.summary.iteration_time_s, sl.summary.iteration_time_s);
+    for st in &sl.ranks {
+        assert_eq!(st.finish_s, full.ranks[st.rank as usize].finish_s);
+    }
+    full
 }
 
 /// Truth: overlapping the expert all-to-all with the other chunk's compute never slows an
