@@ -454,7 +454,7 @@ fn print_summary(
     writeln!(out, "Prism simulate: {}  ({source})", s.name)?;
     writeln!(
         out,
-        "  {} x {} GPUs ({} nodes); tp {} pp {} cp {} ep {} dp {}{}; {} schedule{}, micro-batch {}, {} micro-batches; recompute {:?}; {}",
+        "  {} x {} GPUs ({} nodes); tp {} pp {} cp {} ep {} dp {}{}; {} schedule{}, micro-batch {}, {}; recompute {:?}; {}",
         s.num_gpus,
         job.cluster.gpu.name,
         job.cluster.nodes,
@@ -487,7 +487,16 @@ fn print_summary(
             _ => String::new(),
         },
         p.micro_batch,
-        job.micro_batches(),
+        if p.pipeline_rounds > 1 {
+            format!(
+                "{} micro-batches in {} runs of the schedule ({} each)",
+                job.micro_batches(),
+                p.pipeline_rounds,
+                job.round_micro_batches()
+            )
+        } else {
+            format!("{} micro-batches", job.micro_batches())
+        },
         p.recompute,
         job.training.precision,
     )?;

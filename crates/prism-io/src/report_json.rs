@@ -139,6 +139,14 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
             "precision": precision_name(job.training.precision),
         },
     });
+    // Gradient accumulation over whole schedules and DeepEP's dispatch, listed only when set
+    // (the default output is as before).
+    if p.pipeline_rounds > 1 {
+        v["parallel"]["pipeline_rounds"] = json!(p.pipeline_rounds);
+    }
+    if p.moe_dispatcher == prism_core::job::MoeDispatcher::DeepEp {
+        v["parallel"]["moe_dispatcher"] = json!("deepep");
+    }
     // DeepSeek-V3's memory savings, listed only when one is on (the default output is as
     // before).
     let ms = &job.training.memory_saving;
