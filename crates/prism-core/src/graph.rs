@@ -2030,6 +2030,21 @@ impl<'a> StageBuilder<'a> {
         )
     }
 
+    /// Sequence parallelism: the data-gradient GEMM `name` of `grad_in` and the TP
+    /// reduce-scatter of its output (`bytes`). Returns (GEMM, reduce-scatter if TP > 1).
+    fn reduce_scattered_dgrad(
+        &mut self,
+        name: &'static str,
+        dgrad: Work,
+        tag: OpTag,
+        grad_in: u32,
+        bytes: u64,
+    ) -> (u32, Option<u32>) {
+        let dg = self.compute(name, OpClass::Gemm, dgrad, tag, &[grad_in]);
+        let rs = self.collective(GroupKind::Tp, Collective::ReduceScatter, bytes, tag, &[dg]);
+        (dg, rs)
+    }
+
     /// Backward of a TP-sharded linear layer whose input was gathered (SP) or replicated:
     /// data-gradient GEMM, then the input-gradient reduction overlapping the weight-gradient
     /// GEMM. Returns (op producing the input gradient, weight-gradient op).
@@ -2046,14 +2061,7 @@ impl<'a> StageBuilder<'a> {
         if d.sp && self.defer_w {
             // Split backward: the input gradient is reduce-scattered now; the all-gather of
             // the SP input, which only the weight gradient reads, moves with it.
-            let dg = self.compute(names.0, OpClass::Gemm, dgrad, tag, &[grad_in]);
-            let rs = self.collective(
-                GroupKind::Tp,
-                Collective::ReduceScatter,
-                reduce_bytes,
-                tag,
-                &[dg],
-            );
+            let (dg, rs) = self.reduce_scattered_dgrad(names.0, dgrad, tag, grad_in, reduce_bytes);
             self.pending_w.push(DeferredW::Gathered {
                 name: names.1,
                 work: wgrad,
@@ -2073,14 +2081,7 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[grad_in],
             );
-            let dg = self.compute(names.0, OpClass::Gemm, dgrad, tag, &[grad_in]);
-            let rs = self.collective(
-                GroupKind::Tp,
-                Collective::ReduceScatter,
-                reduce_bytes,
-                tag,
-                &[dg],
-            );
+            let (_, rs) = self.reduce_scattered_dgrad(names.0, dgrad, tag, grad_in, reduce_bytes);
             let ag_dep: Vec<u32> = ag.into_iter().collect();
             let wg = self.compute(names.1, OpClass::Gemm, wgrad, tag, &ag_dep);
             (rs.unwrap_or(wg), wg)

@@ -157,37 +157,6 @@ pub fn stage_params(job: &Job, stage: u32) -> StageParams {
     StageParams { dense, expert }
 }
 
-/// Parameters of one transformer layer on one GPU (after tensor and expert parallelism, before
-/// any ZeRO sharding): what ZeRO-3 gathers for a layer.
-pub fn layer_params(job: &Job) -> StageParams {
-    let one = Job {
-        parallel: crate::job::Parallel {
-            pp: 1,
-            schedule: Schedule::OneFOneB,
-            ..job.parallel.clone()
-        },
-        ..job.clone()
-    };
-    // A one-stage job holds every layer plus the embedding, final norm and LM head; the
-    // per-layer share is the difference of two layer counts. Multi-token-prediction modules
-    // are left out: their block follows the last layer's kind, which differs between the two.
-    let with = |layers: u32| {
-        let mut j = one.clone();
-        j.model.layers = layers;
-        j.model.arch.mtp_depth = 0;
-        j.parallel.pipeline_layout = None;
-        j.parallel.first_stage_layers = None;
-        j.parallel.last_stage_layers = None;
-        j.parallel.vpp = 1;
-        stage_params(&j, 0)
-    };
-    let (a, b) = (with(1), with(2));
-    StageParams {
-        dense: b.dense - a.dense,
-        expert: b.expert - a.expert,
-    }
-}
-
 /// Transformer layers whose parameters ZeRO-3 holds gathered at once: the one computing and
 /// the one prefetched behind it (FSDP's default backward prefetch, DeepSpeed's prefetch of the
 /// next submodule).
@@ -607,25 +576,21 @@ fn interleaved_weighted_peak(
 /// Micro-batches for which the first (`first = true`) or last model chunk of `stage` holds its
 /// per-micro-batch extras (embedding dropout mask; LM head and loss tensors) at the peak.
 fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
-    match job.parallel.schedule {
-        _ if !interleaved_order(job) && job.parallel.schedule != Schedule::DualPipe => {
-            in_flight_microbatches(job, stage)
-        }
-        Schedule::DualPipe => {
-            // The chunk holding pipeline stage 0 (embedding) or `pp - 1` (head): chunk 0 on
-            // the rank of that stage, chunk 1 on the mirrored rank.
-            let target = if first { 0 } else { job.parallel.pp - 1 };
-            let chunk = if stage == target { 0 } else { 1 };
-            dualpipe_chunk_in_flight(job, stage)[chunk]
-        }
-        _ => {
-            let p = job.parallel.pp as u64;
-            let v = job.parallel.vpp as u64;
-            let chunk = if first { 0 } else { v - 1 };
-            let m = job.round_micro_batches();
-            interleaved_chunk_peak(p, v, m, stage as u64, Some(chunk), warmup_extra(job)) as f64
-        }
+    if job.parallel.schedule == Schedule::DualPipe {
+        // The chunk holding pipeline stage 0 (embedding) or `pp - 1` (head): chunk 0 on the
+        // rank of that stage, chunk 1 on the mirrored rank.
+        let target = if first { 0 } else { job.parallel.pp - 1 };
+        let chunk = if stage == target { 0 } else { 1 };
+        return dualpipe_chunk_in_flight(job, stage)[chunk];
     }
+    if !interleaved_order(job) {
+        return in_flight_microbatches(job, stage);
+    }
+    let p = job.parallel.pp as u64;
+    let v = job.parallel.vpp as u64;
+    let chunk = if first { 0 } else { v - 1 };
+    let m = job.round_micro_batches();
+    interleaved_chunk_peak(p, v, m, stage as u64, Some(chunk), warmup_extra(job)) as f64
 }
 
 /// Memory of one GPU of pipeline stage `stage` at its peak.

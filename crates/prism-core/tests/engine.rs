@@ -1618,14 +1618,15 @@ fn zero3_memory_with_dense_first_layers() {
 /// is sharded from stage 1 on (closed forms from the parameter counts).
 #[test]
 fn zero_stage_memory_closed_forms() {
-    use prism_core::memory::{layer_params, stage_memory, stage_params};
+    use prism_core::memory::{layer_params_at, stage_memory, stage_params};
     let mut job = small_job(4, 2, 2, 64);
     job.parallel.set_zero_stage(1);
     let job = valid(job);
     let dp = job.parallel.dp as u64;
     let z1 = stage_memory(&job, 0);
     let p = stage_params(&job, 0).total();
-    let one = layer_params(&job).total();
+    // Every layer alike (a dense model).
+    let one = layer_params_at(&job, 0).total();
     let layers = job.stage_layers()[0] as u64;
     let rest = p - layers * one;
     assert_eq!(z1.weights, 2 * p);
