@@ -408,16 +408,6 @@ pub struct Step {
 /// micro-batches over `v` model chunks (Megatron-LM's schedules).
 pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step> {
     let total = m * v;
-    let fwd = |k: u32| Step {
-        forward: true,
-        micro_batch: (k / (p * v)) * p + k % p,
-        chunk: (k % (p * v)) / p,
-    };
-    let bwd = |k: u32| Step {
-        forward: false,
-        micro_batch: (k / (p * v)) * p + k % p,
-        chunk: v - 1 - (k % (p * v)) / p,
-    };
     let mut out = Vec::with_capacity(2 * total as usize);
     if let Some(steps) = crate::schedules::pipe_steps(kind, stage, p, m, v) {
         // The overlapping schedules, each overlapped pair as its forward then its backward.
@@ -456,37 +446,25 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
         }
         Schedule::DualPipe | Schedule::OneFOneBOverlap => unreachable!("handled above"),
         Schedule::OneFOneB | Schedule::Interleaved => {
-            let warmup = if v == 1 {
-                (p - stage - 1).min(m)
-            } else {
-                ((p - stage - 1) * 2 + (v - 1) * p).min(total)
+            use crate::schedules::{one_f_one_b_order, one_f_one_b_warmup};
+            let step = |k: u32, forward: bool| {
+                let (micro_batch, chunk) = one_f_one_b_order(k, p, v, forward);
+                Step {
+                    forward,
+                    micro_batch,
+                    chunk,
+                }
             };
-            type StepFn<'a> = Box<dyn Fn(u32) -> Step + 'a>;
-            let (fwd, bwd): (StepFn, StepFn) = if v == 1 {
-                (
-                    Box::new(|k| Step {
-                        forward: true,
-                        micro_batch: k,
-                        chunk: 0,
-                    }),
-                    Box::new(|k| Step {
-                        forward: false,
-                        micro_batch: k,
-                        chunk: 0,
-                    }),
-                )
-            } else {
-                (Box::new(fwd), Box::new(bwd))
-            };
+            let warmup = one_f_one_b_warmup(stage, p, v).min(total);
             for k in 0..warmup {
-                out.push(fwd(k));
+                out.push(step(k, true));
             }
             for j in 0..total - warmup {
-                out.push(fwd(warmup + j));
-                out.push(bwd(j));
+                out.push(step(warmup + j, true));
+                out.push(step(j, false));
             }
             for j in total - warmup..total {
-                out.push(bwd(j));
+                out.push(step(j, false));
             }
         }
     }

@@ -263,6 +263,27 @@ fn dualpipe_schedule(rank: u32, pp: u32, m: u32, zb: bool) -> Vec<PipeStep> {
     out
 }
 
+/// Megatron's (interleaved) 1F1B order: the (micro-batch, chunk) of the `k`-th forward
+/// (`forward`) or backward on a rank of `p` with `v` model chunks. Micro-batches go in groups of
+/// `p` through the chunks (Megatron's default `microbatch_group_size_per_vp_stage`), forwards
+/// from the first chunk, backwards from the last; with one chunk the `k`-th is micro-batch `k`.
+pub fn one_f_one_b_order(k: u32, p: u32, v: u32, forward: bool) -> (u32, u32) {
+    let micro_batch = (k / (p * v)) * p + k % p;
+    let c = (k % (p * v)) / p;
+    (micro_batch, if forward { c } else { v - 1 - c })
+}
+
+/// Forwards Megatron's (interleaved) 1F1B runs on rank `stage` of `p` before its first
+/// backward, before the cap at the rank's chunk forwards: `p - stage - 1` with one chunk,
+/// `2 (p - stage - 1) + (v - 1) p` with `v`.
+pub fn one_f_one_b_warmup(stage: u32, p: u32, v: u32) -> u32 {
+    if v == 1 {
+        p - stage - 1
+    } else {
+        2 * (p - stage - 1) + (v - 1) * p
+    }
+}
+
 /// 1F1B with expert-parallel communication overlap on pipeline rank `stage` of `p` with `m`
 /// micro-batches over `v` model chunks (jobs: `v = 1` only with `p = 1`): Megatron-Core's combined
 /// 1F1B. The warm-up runs the plain (interleaved when `v > 1`) schedule's warm-up forwards plus
@@ -273,16 +294,11 @@ fn dualpipe_schedule(rank: u32, pp: u32, m: u32, zb: bool) -> Vec<PipeStep> {
 /// at least one full round ahead).
 pub fn overlapped_1f1b_steps(stage: u32, p: u32, m: u32, v: u32) -> Vec<PipeStep> {
     let total = m * v;
-    let fwd = |k: u32| ((k / (p * v)) * p + k % p, (k % (p * v)) / p);
-    let bwd = |k: u32| ((k / (p * v)) * p + k % p, v - 1 - (k % (p * v)) / p);
+    let fwd = |k: u32| one_f_one_b_order(k, p, v, true);
+    let bwd = |k: u32| one_f_one_b_order(k, p, v, false);
     // Plain 1F1B's warm-up with one chunk (jobs allow that for `p = 1` only; the schedule
     // itself is defined for any `p`, which the tests use), the interleaved one with more.
-    let warmup = if v == 1 {
-        p - stage - 1
-    } else {
-        2 * (p - stage - 1) + (v - 1) * p
-    };
-    let warmup = (warmup + 1).min(total);
+    let warmup = (one_f_one_b_warmup(stage, p, v) + 1).min(total);
     let mut out = Vec::with_capacity(2 * total as usize);
     out.extend((0..warmup).map(|k| {
         let (mb, c) = fwd(k);
