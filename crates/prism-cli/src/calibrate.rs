@@ -339,6 +339,7 @@ fn grid_gemm(
                         class: prism_core::ops::OpClass::Gemm,
                         work: *w,
                         recompute: false,
+                        sm_margin: false,
                     };
                     (model.time_s(&op) / t).ln().abs()
                 })
@@ -484,6 +485,7 @@ fn fit_from_kernels(
             class,
             work: w,
             recompute: false,
+            sm_margin: false,
         })
     };
     let rows = |kind: &str, variant: &dyn Fn(&str) -> bool| -> Vec<(Work, f64)> {

@@ -472,6 +472,9 @@ pub fn schedule(kind: Schedule, stage: u32, p: u32, m: u32, v: u32) -> Vec<Step>
 }
 
 const ACT_BYTES: u64 = 2; // bf16 activations
+/// Splits of a GEMM whose reduce-scatter Transformer Engine's userbuffers `pipeline` method
+/// overlaps (`num_splits = 4`, the `initialize_ub` default).
+const UB_PIPELINE_SPLITS: u64 = 4;
 const GRAD_BYTES: u64 = 4; // fp32 gradient reduction (Megatron accumulates and reduces in fp32 for bf16)
 const PARAM_BYTES: u64 = 2; // bf16 parameters gathered by the distributed optimizer
 const ADAM_BYTES_PER_PARAM: u64 = 30; // read grad 4, r/w master 8, r/w m 8, r/w v 8, write bf16 param 2
@@ -764,6 +767,30 @@ impl<'a> StageBuilder<'a> {
         tag: OpTag,
         deps: &[u32],
     ) -> u32 {
+        self.compute_op(name, class, work, tag, deps, false)
+    }
+
+    /// [`Self::compute`] for a kernel that runs beside a userbuffers communication kernel
+    /// holding SMs for its whole duration ([`ComputeOp::sm_margin`]).
+    fn compute_beside_ub(
+        &mut self,
+        name: &'static str,
+        work: Work,
+        tag: OpTag,
+        deps: &[u32],
+    ) -> u32 {
+        self.compute_op(name, OpClass::Gemm, work, tag, deps, true)
+    }
+
+    fn compute_op(
+        &mut self,
+        name: &'static str,
+        class: OpClass,
+        work: Work,
+        tag: OpTag,
+        deps: &[u32],
+        sm_margin: bool,
+    ) -> u32 {
         let mut deps = self.with_blocking(deps);
         deps.extend(self.pair_gate.take());
         let recompute = tag.phase == Phase::Recompute;
@@ -773,6 +800,7 @@ impl<'a> StageBuilder<'a> {
                 class,
                 work,
                 recompute,
+                sm_margin,
             }),
             Stream::Compute,
             tag,
@@ -1067,7 +1095,13 @@ impl<'a> StageBuilder<'a> {
     }
 
     /// A GEMM whose output is reduced over TP (reduce-scatter with SP, all-reduce without).
-    /// With `tp_comm_overlap` the reduce-scatter is pipelined with the GEMM.
+    ///
+    /// With `tp_comm_overlap` the reduce-scatter is pipelined with the GEMM as Transformer
+    /// Engine's userbuffers `pipeline` method runs it: the GEMM is split in
+    /// [`UB_PIPELINE_SPLITS`] along its rows and launched beside the communication kernel's SMs
+    /// ([`ComputeOp::sm_margin`]); each split's reduce-scatter overlaps the next split's GEMM,
+    /// so all but the last split's share of the bytes moves under the GEMM and the last split's
+    /// reduce-scatter follows it.
     fn reduced_gemm(
         &mut self,
         name: &'static str,
@@ -1083,9 +1117,14 @@ impl<'a> StageBuilder<'a> {
             Collective::AllReduce
         };
         if self.tp_overlap() {
-            let rs = self.collective(GroupKind::Tp, op, act, tag, input);
-            let g = self.compute(name, OpClass::Gemm, work, tag, input);
-            std::iter::once(g).chain(rs).collect()
+            let tail = act / UB_PIPELINE_SPLITS;
+            let body = self.collective(GroupKind::Tp, op, act - tail, tag, input);
+            let g = self.compute_beside_ub(name, work, tag, input);
+            let mut deps = vec![g];
+            deps.extend(body);
+            let last = self.collective(GroupKind::Tp, op, tail, tag, &deps);
+            deps.extend(last);
+            deps
         } else {
             let g = self.compute(name, OpClass::Gemm, work, tag, input);
             let r = if d.tp > 1 {
@@ -2017,8 +2056,9 @@ impl<'a> StageBuilder<'a> {
         tag: OpTag,
         grad_in: u32,
         bytes: u64,
+        beside_ub: bool,
     ) -> (u32, Option<u32>) {
-        let dg = self.compute(name, OpClass::Gemm, dgrad, tag, &[grad_in]);
+        let dg = self.compute_op(name, OpClass::Gemm, dgrad, tag, &[grad_in], beside_ub);
         let rs = self.collective(GroupKind::Tp, Collective::ReduceScatter, bytes, tag, &[dg]);
         (dg, rs)
     }
@@ -2039,7 +2079,8 @@ impl<'a> StageBuilder<'a> {
         if d.sp && self.defer_w {
             // Split backward: the input gradient is reduce-scattered now; the all-gather of
             // the SP input, which only the weight gradient reads, moves with it.
-            let (dg, rs) = self.reduce_scattered_dgrad(names.0, dgrad, tag, grad_in, reduce_bytes);
+            let (dg, rs) =
+                self.reduce_scattered_dgrad(names.0, dgrad, tag, grad_in, reduce_bytes, false);
             self.pending_w.push(DeferredW::Gathered {
                 name: names.1,
                 work: wgrad,
@@ -2051,7 +2092,10 @@ impl<'a> StageBuilder<'a> {
         }
         if d.sp {
             // Megatron: all-gather the SP input for the weight gradient while the data gradient runs,
-            // then reduce-scatter the input gradient while the weight gradient runs.
+            // then reduce-scatter the input gradient while the weight gradient runs. With
+            // `tp_comm_overlap` these are Transformer Engine's `bulk` overlaps, whose
+            // communication kernels hold SMs beside both GEMMs.
+            let ub = self.tp_overlap();
             let ag = self.collective(
                 GroupKind::Tp,
                 Collective::AllGather,
@@ -2059,9 +2103,10 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[grad_in],
             );
-            let (_, rs) = self.reduce_scattered_dgrad(names.0, dgrad, tag, grad_in, reduce_bytes);
+            let (_, rs) =
+                self.reduce_scattered_dgrad(names.0, dgrad, tag, grad_in, reduce_bytes, ub);
             let ag_dep: Vec<u32> = ag.into_iter().collect();
-            let wg = self.compute(names.1, OpClass::Gemm, wgrad, tag, &ag_dep);
+            let wg = self.compute_op(names.1, OpClass::Gemm, wgrad, tag, &ag_dep, ub);
             (rs.unwrap_or(wg), wg)
         } else {
             let dg = self.compute(names.0, OpClass::Gemm, dgrad, tag, &[grad_in]);

@@ -319,6 +319,7 @@ fn measured(name: &'static str, seconds: f64) -> OpKind {
             ps: ps_from_s(seconds),
         },
         recompute: false,
+        sm_margin: false,
     })
 }
 

@@ -57,6 +57,7 @@ mod tests {
             class: OpClass::Elementwise,
             work: Work::Measured { ps },
             recompute: false,
+            sm_margin: false,
         }
     }
 

@@ -212,6 +212,10 @@ pub struct ComputeOp {
     pub work: Work,
     /// True when this is recomputed forward work inside backward (counts for HFU, not MFU).
     pub recompute: bool,
+    /// True when the kernel runs beside a Transformer Engine userbuffers communication kernel
+    /// that holds [`crate::cost::compute::UB_COMM_SMS`] SMs for the kernel's whole duration
+    /// (`set_sm_margin`): the kernel gets the remaining SMs.
+    pub sm_margin: bool,
 }
 
 impl ComputeOp {

@@ -192,6 +192,7 @@ fn segment(name: &'static str, ps: SimTime) -> OpKind {
         class: OpClass::Framework,
         work: Work::Measured { ps },
         recompute: false,
+        sm_margin: false,
     })
 }
 

@@ -1741,3 +1741,119 @@ fn ecmp_runs_every_rank_and_is_deterministic() {
     assert_eq!(a.events, b.events);
     assert!(b.summary.iteration_time_s > 0.0);
 }
+
+/// Truth (Transformer Engine's `initialize_ub` defaults): with `tp_comm_overlap` the GEMMs
+/// overlapped by the `pipeline` method (the forward projections whose outputs are
+/// reduce-scattered: attention output and fc2) and by the `bulk` method (the backward data and
+/// weight gradients of qkv and fc1, beside the input all-gather and the gradient
+/// reduce-scatter) run beside a communication kernel holding 16 SMs; the `ring_exchange` GEMMs
+/// (qkv and fc1 forward, the backward data gradients of the reduced projections) do not. The
+/// pipelined reduce-scatter is split into the part that moves under the GEMM and the last
+/// split's quarter after it, conserving the bytes; the overlapped job is never faster than
+/// the same GEMMs priced without the margin.
+#[test]
+fn tp_overlap_gemms_run_beside_the_userbuffers_sms() {
+    use prism_core::cost::compute::{ComputeModel, UB_COMM_SMS};
+    let mut base = small_job(2, 4, 1, 32);
+    base.model.layers = 2;
+    let base = valid(base);
+    let mut ub = base.clone();
+    ub.parallel.tp_comm_overlap = true;
+    let ub = valid(ub);
+    let margin_names = |job: &Job| {
+        let g = ExecutionGraph::build(job);
+        let p = &g.programs[0];
+        let mut names: BTreeMap<(bool, &'static str), usize> = BTreeMap::new();
+        for (i, k) in p.kind.iter().enumerate() {
+            if let OpKind::Compute(op) = k
+                && op.sm_margin
+            {
+                *names
+                    .entry((p.tag[i].phase == Phase::Forward, op.name))
+                    .or_default() += 1;
+            }
+        }
+        names
+    };
+    assert!(margin_names(&base).is_empty());
+    let got = margin_names(&ub);
+    let per = (base.micro_batches() * base.model.layers as u64) as usize;
+    let want: BTreeMap<(bool, &'static str), usize> = [
+        (true, "out_proj_fwd"),
+        (true, "fc2_fwd"),
+        (false, "qkv_dgrad"),
+        (false, "qkv_wgrad"),
+        (false, "fc1_dgrad"),
+        (false, "fc1_wgrad"),
+    ]
+    .into_iter()
+    .map(|k| (k, per))
+    .collect();
+    assert_eq!(got, want);
+
+    // Tensor-parallel bytes are conserved; the reduce-scatters of the two pipelined GEMMs
+    // become two each.
+    let tp_collectives = |job: &Job| {
+        let g = ExecutionGraph::build(job);
+        let mut n = 0u64;
+        let mut bytes = 0u64;
+        for k in &g.programs[0].kind {
+            if let OpKind::Collective {
+                group: GroupKind::Tp,
+                bytes: b,
+                ..
+            } = k
+            {
+                n += 1;
+                bytes += b;
+            }
+        }
+        (n, bytes)
+    };
+    let (n0, b0) = tp_collectives(&base);
+    let (n1, b1) = tp_collectives(&ub);
+    assert_eq!(b0, b1);
+    assert_eq!(n1, n0 + 2 * per as u64);
+
+    // A margin GEMM costs what the same GEMM costs with 16 SMs held for the whole run.
+    let mut held = base.clone();
+    held.parallel.comm_sms = UB_COMM_SMS;
+    let params = ComputeParams::for_gpu(&base.cluster.gpu);
+    let with_ub = ComputeModel::new(&ub, params.clone(), None);
+    let with_held = ComputeModel::new(&held, params.clone(), None);
+    let plain = ComputeModel::new(&base, params, None);
+    let mut op = prism_core::ops::ComputeOp {
+        name: "fc2_fwd",
+        class: prism_core::ops::OpClass::Gemm,
+        work: Work::Gemm {
+            m: 8192,
+            n: 4096,
+            k: 4096,
+            batch: 1,
+        },
+        recompute: false,
+        sm_margin: true,
+    };
+    assert_eq!(with_ub.time_ps(&op), with_held.time_ps(&op));
+    let margin_ps = with_ub.time_ps(&op);
+    op.sm_margin = false;
+    assert_eq!(with_ub.time_ps(&op), plain.time_ps(&op));
+    // A full wave on fewer SMs: slower by the SM share (132 / 116 on an H100), launch
+    // overhead aside.
+    let p = ComputeParams::for_gpu(&base.cluster.gpu);
+    let launch_ps = p.launch_overhead_s * 1e12;
+    let sms = p.sm_count as f64;
+    let plain_ps = plain.time_ps(&op);
+    let ratio = (margin_ps as f64 - launch_ps) / (plain_ps as f64 - launch_ps);
+    assert!(
+        rel(ratio, sms / (sms - UB_COMM_SMS as f64)) < 1e-6,
+        "ratio {ratio}"
+    );
+    // A job without userbuffers prices the flag as a plain kernel.
+    op.sm_margin = true;
+    assert_eq!(plain.time_ps(&op), plain_ps);
+    let t_base = full(&base).summary.iteration_time_s;
+    let t_ub = full(&ub).summary.iteration_time_s;
+    eprintln!("iteration: no overlap {t_base:.6} s, userbuffers {t_ub:.6} s");
+    assert!(t_ub.is_finite() && t_ub > 0.0);
+}

@@ -568,6 +568,7 @@ pub fn bubbles_with(
                             // pipeline's prefill seen in the representative's frame.
                             work: Work::Measured { ps: o },
                             recompute: false,
+                            sm_margin: false,
                         },
                     )
                 })

@@ -69,6 +69,7 @@ fn predicted_us(m: &ComputeModel, class: OpClass, work: Work) -> f64 {
         class,
         work,
         recompute: false,
+        sm_margin: false,
     };
     (m.time_s(&op) - m.params().launch_overhead_s) * 1e6
 }
@@ -422,6 +423,7 @@ fn fp32_gradient_accumulation_in_weight_gradient_gemms() {
             batch: 1,
         },
         recompute: false,
+        sm_margin: false,
     };
     println!("\nFP32-accumulating weight-gradient GEMMs: extra time over the BF16-output GEMM");
     let mut errs = Vec::new();

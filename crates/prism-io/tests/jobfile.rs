@@ -1841,6 +1841,7 @@ fn fp8_recipes_price_gemms_by_their_measured_throughput() {
             batch: 1,
         },
         recompute: false,
+        sm_margin: false,
     };
     let time = |recipe: &str| {
         let j = ok(

@@ -131,12 +131,12 @@ impl CommParams {
     /// H100/H200 (DGX H100: NVLink 4 + NVSwitch, NDR InfiniBand / 400G RoCE).
     pub fn h100() -> Self {
         // Fitted on the published H100 runs with NCCL's tuning model (docs/calibration.md,
-        // "Refit with the loss and gradient accumulation (2026-11-25)").
+        // "Interleaved Megatron-Core runs and the userbuffers SM margin (2026-11-25)").
         CommParams {
-            nvlink_efficiency: 0.940,
-            nic_efficiency: 0.950,
+            nvlink_efficiency: 0.901,
+            nic_efficiency: 0.938,
             launch_us: 10.0,
-            latency_scale: 0.0635,
+            latency_scale: 0.0515,
         }
     }
 }

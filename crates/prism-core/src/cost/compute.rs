@@ -209,10 +209,11 @@ impl ComputeParams {
 
     /// NVIDIA H100 (SXM5, 132 SMs, BF16 989 TFLOP/s dense, FP8 1979 TFLOP/s dense).
     pub fn h100() -> Self {
-        // Calibrated on 26 published H100 runs (Megatron-Core 2024, NeMo 24.07 FP8,
-        // Nemotron-4 15B) with the cross-entropy passes and FP32 gradient accumulation of the
-        // Megatron stack in the graph; docs/calibration.md, "Refit with the loss and gradient
-        // accumulation (2026-11-25)". Norm and softmax bandwidth are measured on an H100
+        // Calibrated on 32 published H100/H800 runs (Megatron-Core 2024 with its interleaved
+        // schedule, NeMo 24.07 FP8, Nemotron-4 15B, DeepSeek-V3, NeMo AutoModel) with the
+        // cross-entropy passes, FP32 gradient accumulation and the userbuffers SM margin in
+        // the graph; docs/calibration.md, "Interleaved Megatron-Core runs and the userbuffers
+        // SM margin (2026-11-25)". Norm and softmax bandwidth are measured on an H100
         // (validation/h100: F.rms_norm 2.05 TB/s, softmax 1.02 TB/s of 3.35); those
         // measurements check every other parameter too (the `h100_measured` test).
         ComputeParams {
@@ -221,22 +222,22 @@ impl ComputeParams {
             gemm_tile_n: 256,
             gemm_k_overhead: 256.0,
             gemm_split_k_min: 256.0,
-            gemm_eff_max_bf16: 0.761,
-            gemm_eff_max_fp8: 0.642,
+            gemm_eff_max_bf16: 0.758,
+            gemm_eff_max_fp8: 0.653,
             fp8_rowwise_rel: 0.883,
             fp8_blockwise_rel: 0.914,
             fp8_mxfp8_rel: 1.0,
             wgrad_accum_hidden_tokens: 700.0,
-            attn_fwd_eff_max: 0.655,
+            attn_fwd_eff_max: 0.712,
             attn_bwd_eff_max: 0.497,
             attn_block: 128,
             attn_seq_half: 128.0,
             attn_head_dim_ref: 128.0,
             attn_head_dim_half: 32.0,
-            mem_eff: 0.740,
-            launch_overhead_s: 7.29e-6,
-            clock_factor: 0.875,
-            layer_overhead_s: 81.1e-6,
+            mem_eff: 0.846,
+            launch_overhead_s: 5.17e-6,
+            clock_factor: 0.868,
+            layer_overhead_s: 5.2e-6,
             norm_mem_eff: 0.611,
             softmax_mem_eff: 0.305,
         }
@@ -444,6 +445,13 @@ pub fn shape_key(work: &Work) -> String {
     }
 }
 
+/// SMs a Transformer Engine userbuffers communication kernel holds beside a GEMM it overlaps
+/// with the `pipeline` (forward reduce-scatter, split in 4) and `bulk` (backward all-gather and
+/// reduce-scatter) methods: TE's `initialize_ub` defaults are `num_sm = 16` with
+/// `set_sm_margin`, so the GEMM is launched on the other SMs (132 - 16 = 116 on an H100). The
+/// `ring_exchange` method moves data with copy engines and holds no SMs.
+pub const UB_COMM_SMS: u32 = 16;
+
 /// Prices compute kernels for one job.
 #[derive(Clone, Debug)]
 pub struct ComputeModel {
@@ -458,6 +466,9 @@ pub struct ComputeModel {
     fp8_recipe_rel: f64,
     /// Weight gradients accumulate into FP32 main gradients inside the GEMM (the stack's).
     fp32_grad_accum: bool,
+    /// The same model with [`UB_COMM_SMS`] fewer SMs, pricing kernels with
+    /// [`ComputeOp::sm_margin`].
+    margin: Option<Box<ComputeModel>>,
     /// HBM bandwidth, bytes/s.
     hbm_bytes_per_s: f64,
 }
@@ -471,10 +482,26 @@ impl ComputeModel {
         if let Err(e) = params.validate() {
             panic!("invalid compute parameters: {e}");
         }
+        let reserved = job.parallel.comm_sms;
+        let mut model = Self::with_reserved_sms(job, params.clone(), table.clone(), reserved);
+        if job.parallel.tp_comm_overlap {
+            let with_margin = Self::with_reserved_sms(job, params, table, reserved + UB_COMM_SMS);
+            model.margin = Some(Box::new(with_margin));
+        }
+        model
+    }
+
+    /// The model with `reserved` SMs held by communication kernels for the whole run.
+    fn with_reserved_sms(
+        job: &Job,
+        params: ComputeParams,
+        table: Option<KernelTable>,
+        reserved: u32,
+    ) -> Self {
         let mut params = params;
         // SMs reserved for communication kernels leave the rest to compute: tiles fill fewer
         // SMs and the tensor-core peak shrinks in proportion (HBM bandwidth does not).
-        let reserved = job.parallel.comm_sms.min(params.sm_count.saturating_sub(1));
+        let reserved = reserved.min(params.sm_count.saturating_sub(1));
         let sm_share = (params.sm_count - reserved) as f64 / params.sm_count as f64;
         params.sm_count -= reserved;
         let gpu = &job.cluster.gpu;
@@ -501,6 +528,7 @@ impl ComputeModel {
             fp8_recipe_rel,
             fp32_grad_accum: job.training.stack.fuses_fp32_grad_accumulation(),
             hbm_bytes_per_s: gpu.hbm_tbps * 1e12,
+            margin: None,
         }
     }
 
@@ -521,6 +549,15 @@ impl ComputeModel {
     pub fn time_s(&self, op: &ComputeOp) -> f64 {
         if let Work::Measured { ps } = op.work {
             return ps as f64 * 1e-12;
+        }
+        if op.sm_margin
+            && let Some(m) = self.margin.as_deref()
+        {
+            let plain = ComputeOp {
+                sm_margin: false,
+                ..*op
+            };
+            return m.time_s(&plain);
         }
         let fp8 = self.runs_fp8(op);
         let dtype = if fp8 { "fp8" } else { "bf16" };
@@ -764,6 +801,7 @@ mod tests {
             class: OpClass::Gemm,
             work: Work::Gemm { m, n, k, batch: 1 },
             recompute: false,
+            sm_margin: false,
         }
     }
 
@@ -853,6 +891,7 @@ mod tests {
             class: OpClass::Norm,
             work: Work::Memory { bytes },
             recompute: false,
+            sm_margin: false,
         };
         // Norm kernels run at their own measured fraction of HBM bandwidth.
         let p = ComputeParams::h100();
@@ -870,6 +909,7 @@ mod tests {
             class: OpClass::Elementwise,
             work: Work::Memory { bytes: 0 },
             recompute: false,
+            sm_margin: false,
         };
         let p = ComputeParams::h100();
         assert_eq!(cm.time_ps(&op), ps_from_s(p.launch_overhead_s));
@@ -898,6 +938,7 @@ mod tests {
                 batch,
             },
             recompute: false,
+            sm_margin: false,
         };
         // A weight gradient (dense, or batched over local experts) reads and writes its FP32
         // gradient: 8 m n batch bytes, sqrt(700 / 2048) of them exposed.
@@ -933,6 +974,7 @@ mod tests {
             class: OpClass::Elementwise,
             work: Work::Memory { bytes: 1 << 30 },
             recompute: false,
+            sm_margin: false,
         };
         assert_eq!(part.time_s(&mem), full.time_s(&mem));
         assert_eq!(part.params().sm_count, 112);
@@ -1035,6 +1077,7 @@ mod tests {
                 batch,
             },
             recompute: false,
+            sm_margin: false,
         };
         for batch in 1..40 {
             assert!(cm.time_s(&b(batch + 1)) >= cm.time_s(&b(batch)));
@@ -1064,12 +1107,14 @@ mod tests {
                 backward,
             },
             recompute: false,
+            sm_margin: false,
         };
         let mem = ComputeOp {
             name: "add",
             class: OpClass::Elementwise,
             work: Work::Memory { bytes: 12345678 },
             recompute: false,
+            sm_margin: false,
         };
         let mut ops = vec![mem, attn(false, true), attn(true, true), attn(false, false)];
         for &(m, n, k) in &[
@@ -1136,6 +1181,7 @@ mod tests {
                 backward: false,
             },
             recompute: false,
+            sm_margin: false,
         };
         assert_eq!(f8m.time_s(&attn), bf.time_s(&attn));
         // A router GEMM stays BF16.
@@ -1199,6 +1245,7 @@ mod tests {
             class: OpClass::Attention,
             work,
             recompute: false,
+            sm_margin: false,
         };
         let p = ComputeParams::h100();
         let expect = work.flops() / (989e12 * p.clock_factor * cm.attention_efficiency(&work))
