@@ -767,30 +767,6 @@ impl<'a> StageBuilder<'a> {
         tag: OpTag,
         deps: &[u32],
     ) -> u32 {
-        self.compute_op(name, class, work, tag, deps, false)
-    }
-
-    /// [`Self::compute`] for a kernel that runs beside a userbuffers communication kernel
-    /// holding SMs for its whole duration ([`ComputeOp::sm_margin`]).
-    fn compute_beside_ub(
-        &mut self,
-        name: &'static str,
-        work: Work,
-        tag: OpTag,
-        deps: &[u32],
-    ) -> u32 {
-        self.compute_op(name, OpClass::Gemm, work, tag, deps, true)
-    }
-
-    fn compute_op(
-        &mut self,
-        name: &'static str,
-        class: OpClass,
-        work: Work,
-        tag: OpTag,
-        deps: &[u32],
-        sm_margin: bool,
-    ) -> u32 {
         let mut deps = self.with_blocking(deps);
         deps.extend(self.pair_gate.take());
         let recompute = tag.phase == Phase::Recompute;
@@ -800,12 +776,29 @@ impl<'a> StageBuilder<'a> {
                 class,
                 work,
                 recompute,
-                sm_margin,
+                sm_margin: false,
             }),
             Stream::Compute,
             tag,
             &deps,
         )
+    }
+
+    /// A GEMM that runs beside a userbuffers communication kernel holding SMs for its whole
+    /// duration ([`ComputeOp::sm_margin`]) when `beside_ub`, else a plain [`Self::compute`].
+    fn gemm_beside_ub(
+        &mut self,
+        name: &'static str,
+        work: Work,
+        tag: OpTag,
+        deps: &[u32],
+        beside_ub: bool,
+    ) -> u32 {
+        let id = self.compute(name, OpClass::Gemm, work, tag, deps);
+        if let OpKind::Compute(op) = &mut self.prog.kind[id as usize] {
+            op.sm_margin = beside_ub;
+        }
+        id
     }
 
     /// With plain 1F1B, Megatron's P2P is blocking: the next kernel waits for the last send.
@@ -1119,7 +1112,7 @@ impl<'a> StageBuilder<'a> {
         if self.tp_overlap() {
             let tail = act / UB_PIPELINE_SPLITS;
             let body = self.collective(GroupKind::Tp, op, act - tail, tag, input);
-            let g = self.compute_beside_ub(name, work, tag, input);
+            let g = self.gemm_beside_ub(name, work, tag, input, true);
             let mut deps = vec![g];
             deps.extend(body);
             let last = self.collective(GroupKind::Tp, op, tail, tag, &deps);
@@ -2058,7 +2051,7 @@ impl<'a> StageBuilder<'a> {
         bytes: u64,
         beside_ub: bool,
     ) -> (u32, Option<u32>) {
-        let dg = self.compute_op(name, OpClass::Gemm, dgrad, tag, &[grad_in], beside_ub);
+        let dg = self.gemm_beside_ub(name, dgrad, tag, &[grad_in], beside_ub);
         let rs = self.collective(GroupKind::Tp, Collective::ReduceScatter, bytes, tag, &[dg]);
         (dg, rs)
     }
@@ -2106,7 +2099,7 @@ impl<'a> StageBuilder<'a> {
             let (_, rs) =
                 self.reduce_scattered_dgrad(names.0, dgrad, tag, grad_in, reduce_bytes, ub);
             let ag_dep: Vec<u32> = ag.into_iter().collect();
-            let wg = self.compute_op(names.1, OpClass::Gemm, wgrad, tag, &ag_dep, ub);
+            let wg = self.gemm_beside_ub(names.1, wgrad, tag, &ag_dep, ub);
             (rs.unwrap_or(wg), wg)
         } else {
             let dg = self.compute(names.0, OpClass::Gemm, dgrad, tag, &[grad_in]);
