@@ -448,26 +448,40 @@ mod tests {
         (f, b)
     }
 
+    /// Every backward of `kind`'s order on stage `r` (`steps`, each overlapped pair as its
+    /// forward then its backward) comes after its own forward, and no pair holds the forward
+    /// and the backward of the same chunk.
+    fn assert_backwards_follow_forwards(
+        kind: Schedule,
+        steps: &[PipeStep],
+        r: u32,
+        p: u32,
+        m: u32,
+        v: u32,
+        ctx: &str,
+    ) {
+        let flat = crate::graph::schedule(kind, r, p, m, v);
+        for (i, st) in flat.iter().enumerate().filter(|(_, s)| !s.forward) {
+            let fwd = flat
+                .iter()
+                .position(|x| x.forward && (x.micro_batch, x.chunk) == (st.micro_batch, st.chunk));
+            assert!(fwd.is_some_and(|j| j < i), "{ctx}");
+        }
+        for st in steps {
+            if let PipeStep::ForwardBackward(x, y) = st {
+                assert_ne!(x, y, "{ctx}");
+            }
+        }
+    }
+
     #[test]
     fn dualpipe_covers_every_micro_batch_once_per_direction() {
         for pp in [2u32, 4, 8, 16] {
             for m in [2 * pp, 2 * pp + 2, 4 * pp] {
                 for r in 0..pp {
                     let steps = dualpipe_steps(r, pp, m);
-                    // Every backward comes after its own forward (a pair holds a forward and
-                    // the backward of another micro-batch).
-                    let flat = crate::graph::schedule(Schedule::DualPipe, r, pp, m, 1);
-                    for (i, st) in flat.iter().enumerate().filter(|(_, s)| !s.forward) {
-                        let fwd = flat.iter().position(|x| {
-                            x.forward && (x.micro_batch, x.chunk) == (st.micro_batch, st.chunk)
-                        });
-                        assert!(fwd.is_some_and(|j| j < i), "pp {pp} m {m} r {r}");
-                    }
-                    for st in &steps {
-                        if let PipeStep::ForwardBackward(x, y) = st {
-                            assert_ne!(x, y);
-                        }
-                    }
+                    let ctx = format!("pp {pp} m {m} r {r}");
+                    assert_backwards_follow_forwards(Schedule::DualPipe, &steps, r, pp, m, 1, &ctx);
                     let (mut f, mut b) = count(&steps);
                     f.sort_unstable();
                     b.sort_unstable();
@@ -817,18 +831,9 @@ mod tests {
                         (plain_warmup + 1).min(m * v),
                         "p {p} v {v} m {m} r {r}"
                     );
-                    let flat = crate::graph::schedule(Schedule::OneFOneBOverlap, r, p, m, v);
-                    for (i, st) in flat.iter().enumerate().filter(|(_, s)| !s.forward) {
-                        let fwd = flat.iter().position(|x| {
-                            x.forward && (x.micro_batch, x.chunk) == (st.micro_batch, st.chunk)
-                        });
-                        assert!(fwd.is_some_and(|j| j < i), "p {p} v {v} m {m} r {r}");
-                    }
-                    for st in &steps {
-                        if let PipeStep::ForwardBackward(x, y) = st {
-                            assert_ne!(x, y);
-                        }
-                    }
+                    let ctx = format!("p {p} v {v} m {m} r {r}");
+                    let kind = Schedule::OneFOneBOverlap;
+                    assert_backwards_follow_forwards(kind, &steps, r, p, m, v, &ctx);
                 }
                 for (fc, bc) in [(1i64, 2i64), (1, 1), (2, 1), (1, 3)] {
                     let got = overlap_max_plus_bubble(p, m, v, fc, bc, true);

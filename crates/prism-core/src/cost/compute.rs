@@ -483,12 +483,19 @@ impl ComputeModel {
             panic!("invalid compute parameters: {e}");
         }
         let reserved = job.parallel.comm_sms;
-        let mut model = Self::with_reserved_sms(job, params.clone(), table.clone(), reserved);
-        if job.parallel.tp_comm_overlap {
-            let with_margin = Self::with_reserved_sms(job, params, table, reserved + UB_COMM_SMS);
-            model.margin = Some(Box::new(with_margin));
+        let margin = job.parallel.tp_comm_overlap.then(|| {
+            let held = reserved + UB_COMM_SMS;
+            Box::new(Self::with_reserved_sms(
+                job,
+                params.clone(),
+                table.clone(),
+                held,
+            ))
+        });
+        Self {
+            margin,
+            ..Self::with_reserved_sms(job, params, table, reserved)
         }
-        model
     }
 
     /// The model with `reserved` SMs held by communication kernels for the whole run.
