@@ -890,10 +890,80 @@ impl<'a> StageBuilder<'a> {
         }
         if self.is_last_chunk(chunk) {
             self.lm_head_forward(mb, cur);
-            self.mtp_forward(mb, cur);
+            if self.job.mtp_standalone() {
+                // The MTP modules ran upstream; their hidden states came with this input.
+                for _ in 0..self.job.model.arch.mtp_depth {
+                    self.lm_head_forward(mb, cur);
+                }
+            } else {
+                self.mtp_forward(mb, cur);
+            }
         } else {
+            if self.runs_standalone_mtp(chunk) {
+                cur = Some(self.mtp_modules_forward(mb, cur));
+            }
             self.send_activation(mb, chunk, cur);
         }
+    }
+
+    /// True when `chunk` of this rank is the virtual stage that runs the multi-token-prediction
+    /// modules ahead of the loss stage ([`Job::mtp_standalone`]).
+    fn runs_standalone_mtp(&self, chunk: u32) -> bool {
+        self.job.mtp_standalone()
+            && chunk * self.job.parallel.pp + self.stage == self.job.mtp_virtual_stage()
+    }
+
+    /// How many hidden states one pipeline message of `tag` to rank `target` carries: `1 +
+    /// mtp_depth` between a standalone MTP stage and the loss stage (Megatron-Core concatenates
+    /// the MTP modules' outputs to the main one), else 1.
+    fn message_states(&self, target: u32, tag: MsgTag) -> u64 {
+        if !self.job.mtp_standalone() || self.dualpipe() {
+            return 1;
+        }
+        let receiver = tag.chunk * self.job.parallel.pp + target;
+        let ms = self.job.mtp_virtual_stage();
+        // Forward: into a stage after the MTP stage; backward: into the MTP stage or later.
+        let carries = if tag.backward {
+            receiver >= ms
+        } else {
+            receiver > ms
+        };
+        if carries {
+            1 + self.job.model.arch.mtp_depth as u64
+        } else {
+            1
+        }
+    }
+
+    /// One multi-token-prediction module's forward (depth `k`): the projection of the
+    /// concatenated hidden state and next-token embedding (`[t x 2h] x [2h x h]`, row-parallel
+    /// over TP) and one transformer layer (global index `layers + k`, the last layer's kind).
+    /// Returns the layer's output.
+    fn mtp_module_forward(&mut self, mb: u32, k: u32, input: Option<u32>) -> u32 {
+        let layers = self.job.model.layers;
+        let d = self.dims();
+        let tag = Self::tag(Phase::Forward, mb, layers + k);
+        let proj = self.reduced_gemm(
+            "mtp_proj_fwd",
+            Self::gemm(d.t, d.h, 2 * d.h / d.tp),
+            tag,
+            &Self::deps(input),
+        );
+        let p = proj[0];
+        self.layer_forward(mb, layers + k, Some(p), Phase::Forward)
+    }
+
+    /// Every MTP module's forward on a standalone MTP stage, each feeding the next; returns the
+    /// deepest module's output (the message to the loss stage follows it).
+    fn mtp_modules_forward(&mut self, mb: u32, input: Option<u32>) -> u32 {
+        let mut cur = input;
+        let mut last = None;
+        for k in 0..self.job.model.arch.mtp_depth {
+            let out = self.mtp_module_forward(mb, k, cur);
+            cur = Some(out);
+            last = Some(out);
+        }
+        last.expect("a standalone MTP stage runs at least one module")
     }
 
     /// Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) on the last stage, after the main
@@ -901,20 +971,9 @@ impl<'a> StageBuilder<'a> {
     /// embedding (`[t x 2h] x [2h x h]`, row-parallel over TP), one transformer layer (global
     /// index `layers + d`, the last layer's kind) and the shared output head with its loss.
     fn mtp_forward(&mut self, mb: u32, input: Option<u32>) {
-        let depth = self.job.model.arch.mtp_depth;
-        let layers = self.job.model.layers;
-        let d = self.dims();
         let mut cur = input;
-        for k in 0..depth {
-            let tag = Self::tag(Phase::Forward, mb, layers + k);
-            let proj = self.reduced_gemm(
-                "mtp_proj_fwd",
-                Self::gemm(d.t, d.h, 2 * d.h / d.tp),
-                tag,
-                &Self::deps(cur),
-            );
-            let p = proj[0];
-            let out = self.layer_forward(mb, layers + k, Some(p), Phase::Forward);
+        for k in 0..self.job.model.arch.mtp_depth {
+            let out = self.mtp_module_forward(mb, k, cur);
             self.lm_head_forward(mb, Some(out));
             cur = Some(out);
         }
@@ -923,33 +982,39 @@ impl<'a> StageBuilder<'a> {
     /// Backward of the multi-token-prediction modules, deepest first (each: head, layer,
     /// projection).
     fn mtp_backward(&mut self, mb: u32, last_mb: bool) {
-        let depth = self.job.model.arch.mtp_depth;
-        let layers = self.job.model.layers;
-        let d = self.dims();
-        for k in (0..depth).rev() {
-            let layer = layers + k;
-            let tag = Self::tag(Phase::Backward, mb, layer);
+        for k in (0..self.job.model.arch.mtp_depth).rev() {
             let head = self.lm_head_backward(mb, false);
-            if self.job.parallel.recompute == Recompute::Full {
-                self.layer_forward(mb, layer, Some(head), Phase::Recompute);
-            }
-            let (g, wg) = self.layer_backward(mb, layer, Some(head));
-            if last_mb {
-                self.mark_grad_ready(layer, wg);
-            }
-            let (_, proj_wg) = self.linear_backward_in(
-                ("mtp_proj_dgrad", "mtp_proj_wgrad"),
-                Self::gemm(d.t, 2 * d.h / d.tp, d.h),
-                Self::gemm(2 * d.h / d.tp, d.h, d.t),
-                tag,
-                g,
-                d.t * d.h * ACT_BYTES,
-            );
-            if last_mb {
-                // The projection's weight gradient belongs to the module's bucket too.
-                self.mark_grad_ready(layer, proj_wg);
-            }
+            self.mtp_module_backward(mb, k, head, last_mb);
         }
+    }
+
+    /// One MTP module's backward (depth `k`) from the gradient op `grad`: its layer (recomputed
+    /// first under full recompute), then the projection. Returns the projection's input
+    /// gradient.
+    fn mtp_module_backward(&mut self, mb: u32, k: u32, grad: u32, last_mb: bool) -> u32 {
+        let layer = self.job.model.layers + k;
+        let d = self.dims();
+        let tag = Self::tag(Phase::Backward, mb, layer);
+        if self.job.parallel.recompute == Recompute::Full {
+            self.layer_forward(mb, layer, Some(grad), Phase::Recompute);
+        }
+        let (g, wg) = self.layer_backward(mb, layer, Some(grad));
+        if last_mb {
+            self.mark_grad_ready(layer, wg);
+        }
+        let (dg, proj_wg) = self.linear_backward_in(
+            ("mtp_proj_dgrad", "mtp_proj_wgrad"),
+            Self::gemm(d.t, 2 * d.h / d.tp, d.h),
+            Self::gemm(2 * d.h / d.tp, d.h, d.t),
+            tag,
+            g,
+            d.t * d.h * ACT_BYTES,
+        );
+        if last_mb {
+            // The projection's weight gradient belongs to the module's bucket too.
+            self.mark_grad_ready(layer, proj_wg);
+        }
+        dg
     }
 
     fn deps(cur: Option<u32>) -> Vec<u32> {
@@ -985,7 +1050,7 @@ impl<'a> StageBuilder<'a> {
             d.t_sp * d.h * ACT_BYTES
         } else {
             bytes
-        };
+        } * self.message_states(target, tag);
         let op = self.prog.push(
             OpKind::Send {
                 delta,
@@ -1929,9 +1994,17 @@ impl<'a> StageBuilder<'a> {
         let last_mb = self.is_last_backward(mb, chunk, m);
         let mut cur: Option<u32>;
         if self.is_last_chunk(chunk) {
-            // The MTP modules' backward runs first on the compute stream; the main head's
-            // backward follows it there.
-            self.mtp_backward(mb, last_mb);
+            if self.job.mtp_standalone() {
+                // The MTP heads' backward (their modules run upstream), then the main head's;
+                // the message upstream carries every hidden state's gradient.
+                for _ in 0..self.job.model.arch.mtp_depth {
+                    self.lm_head_backward(mb, false);
+                }
+            } else {
+                // The MTP modules' backward runs first on the compute stream; the main head's
+                // backward follows it there.
+                self.mtp_backward(mb, last_mb);
+            }
             cur = Some(self.lm_head_backward(mb, last_mb));
         } else {
             let msg = MsgTag {
@@ -1943,6 +2016,16 @@ impl<'a> StageBuilder<'a> {
                 Some((t, op)) if t == msg => op,
                 _ => self.recv(msg, tag),
             });
+            if self.runs_standalone_mtp(chunk) {
+                // Deepest module first; the main hidden state's gradient is complete after the
+                // first module's projection.
+                let grad = cur.expect("received gradient");
+                let mut g = grad;
+                for k in (0..self.job.model.arch.mtp_depth).rev() {
+                    g = self.mtp_module_backward(mb, k, grad, last_mb);
+                }
+                cur = Some(g);
+            }
         }
         let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
         let mut gathers = Zero3Gathers::default();
@@ -2440,7 +2523,7 @@ impl<'a> StageBuilder<'a> {
             items.push((Item::LmHead, lm, 0));
         }
         let mut layers: Vec<u32> = self.chunk_layers.iter().flat_map(|r| r.clone()).collect();
-        if self.is_last_chunk_on_stage() {
+        if j.holds_mtp(self.stage) {
             // Multi-token-prediction layers (numbered after the model's layers) finish their
             // gradients first.
             layers.extend(m.layers..m.layers + m.arch.mtp_depth);

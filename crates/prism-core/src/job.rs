@@ -810,6 +810,38 @@ impl Job {
             .collect()
     }
 
+    /// The virtual pipeline stage that runs the multi-token-prediction modules: the one the
+    /// layout marks with `m`, else the last (with the loss). Only meaningful when
+    /// `model.mtp_depth > 0`; not used by DualPipe (whose head ranks hold them).
+    pub fn mtp_virtual_stage(&self) -> u32 {
+        let p = &self.parallel;
+        match p.pipeline_layout.as_ref().and_then(|l| l.mtp_stage) {
+            Some(s) => s as u32,
+            None => p.pp * p.vpp - 1,
+        }
+    }
+
+    /// True when the multi-token-prediction modules run on a virtual stage before the loss's
+    /// (Megatron-Core's "standalone" MTP): their hidden states then travel to the loss stage
+    /// with the main one.
+    pub fn mtp_standalone(&self) -> bool {
+        let p = &self.parallel;
+        self.model.arch.mtp_depth > 0 && self.mtp_virtual_stage() + 1 != p.pp * p.vpp
+    }
+
+    /// True when pipeline rank `stage` holds the multi-token-prediction modules (DualPipe:
+    /// both ranks that hold a head).
+    pub fn holds_mtp(&self, stage: u32) -> bool {
+        let p = &self.parallel;
+        if self.model.arch.mtp_depth == 0 {
+            return false;
+        }
+        if p.schedule == Schedule::DualPipe {
+            return stage + 1 == p.pp || stage == 0;
+        }
+        self.mtp_virtual_stage() % p.pp == stage
+    }
+
     /// Global layer range of each model chunk of pipeline rank `stage` (`vpp` ranges; layers
     /// are numbered in virtual-stage order, as Megatron-Core numbers them).
     ///
@@ -1230,6 +1262,31 @@ impl Job {
                         m.layers
                     ),
                 ));
+            }
+            if let Some(ms) = l.mtp_stage {
+                if l.mtp_layers != m.arch.mtp_depth {
+                    return Err(JobError::new(
+                        key,
+                        format!(
+                            "places {} multi-token-prediction layers ('m'), but model.mtp_depth \
+                             is {}",
+                            l.mtp_layers, m.arch.mtp_depth
+                        ),
+                    ));
+                }
+                let chunk = ms as u64 / p.pp as u64;
+                if chunk + 1 != p.vpp as u64 {
+                    return Err(JobError::new(
+                        key,
+                        format!(
+                            "places the multi-token-prediction layers ('m') on virtual stage {ms}, \
+                             model chunk {chunk} of pipeline rank {}; Megatron-Core requires the \
+                             last model chunk of a rank (chunk {})",
+                            ms as u64 % p.pp as u64,
+                            p.vpp - 1
+                        ),
+                    ));
+                }
             }
         } else if uneven {
             if p.pp < 2 {

@@ -135,14 +135,20 @@ pub fn stage_params(job: &Job, stage: u32) -> StageParams {
             .map(split)
             .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
     };
-    if last && m.arch.mtp_depth > 0 {
-        // DeepSeek-V3 places the multi-token-prediction modules on the last stage: one more
-        // layer of the last layer's kind, the `2h x h` projection and three norms each; their
-        // embedding and output head are the main model's (not counted again).
+    if job.holds_mtp(stage) {
+        // The multi-token-prediction modules (on the last stage, or where the layout's `m`
+        // puts them): one more layer of the last layer's kind, the `2h x h` projection and
+        // three norms each; their output head is the main model's (not counted again), and
+        // so is their embedding on the last stage. A standalone MTP stage is a model chunk of
+        // its own that builds a copy of the embedding (Megatron-Core's `mtp_process`), even on
+        // the rank holding the input embedding, unless it is the embedding's own chunk.
         let depth = m.arch.mtp_depth as u64;
         let (layer_dense, layer_expert) = split(m.layers - 1);
         dense += depth * (layer_dense + (2 * h * h).div_ceil(tp) + 3 * h);
         expert += depth * layer_expert;
+        if job.mtp_standalone() && job.mtp_virtual_stage() != 0 {
+            dense += embedding;
+        }
     }
     if first {
         dense += embedding;
@@ -698,14 +704,17 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
         let per_mb = (2.0 + norm_out) * sb * h / sp_div + 4.0 * sb * m.vocab as f64 / t;
         act += per_mb * extras_in_flight(job, stage, false);
         if m.arch.mtp_depth > 0 {
-            // Multi-token prediction: per module one more layer (the last layer's kind), the
-            // projection's input `[t x 2h]` and one more head (norm and head inputs, logits).
-            let layer = layer_activation_bytes_at(job, p.recompute, m.layers - 1);
-            let proj = 2.0 * norm_out * sb * h / sp_div;
-            act += m.arch.mtp_depth as f64
-                * (layer + proj + per_mb)
-                * extras_in_flight(job, stage, false);
+            // Multi-token prediction: per module one more head (norm and head inputs, logits).
+            act += m.arch.mtp_depth as f64 * per_mb * extras_in_flight(job, stage, false);
         }
+    }
+    if job.holds_mtp(stage) {
+        // ... and, where the modules run (the last stage, or a standalone MTP stage: in both
+        // cases the rank's last model chunk), one more layer (the last layer's kind) and the
+        // projection's input `[t x 2h]`.
+        let layer = layer_activation_bytes_at(job, p.recompute, m.layers - 1);
+        let proj = 2.0 * norm_out * sb * h / sp_div;
+        act += m.arch.mtp_depth as f64 * (layer + proj) * extras_in_flight(job, stage, false);
     }
 
     MemoryBreakdown {

@@ -11,6 +11,12 @@
 //! the Llama 3 paper's balancing (one layer fewer on the first and the last stage, Dubey et
 //! al. 2024, Sec. 3.3.2) is `E|(t|)*126,L` for 126 layers on pp 16, vpp 8.
 //!
+//! The `m` layers follow Megatron-Core's rules: all in one virtual stage, after every decoder
+//! layer; the job check adds that this stage is the last model chunk of its pipeline rank and
+//! that there are as many as `model.mtp_depth`. On a stage before the loss ("standalone"), the
+//! MTP modules run there and their hidden states travel with the main one to the loss stage,
+//! which computes every head.
+//!
 //! Prism's reader is a small recursive-descent parser: groups may nest (Megatron's own
 //! regular-expression expansion does not), whitespace is ignored, and every error says which
 //! character or stage broke which rule.
@@ -33,6 +39,11 @@ pub struct PipelineLayout {
     pub text: String,
     /// Decoder layers on each virtual stage, in the string's order.
     pub stages: Vec<u32>,
+    /// The virtual stage holding the multi-token-prediction layers (`m`), if the layout
+    /// places any (Megatron-Core puts them all on one stage, after every decoder layer).
+    pub mtp_stage: Option<usize>,
+    /// Multi-token-prediction layers (`m`) in the layout.
+    pub mtp_layers: u32,
 }
 
 impl PipelineLayout {
@@ -57,11 +68,21 @@ impl PipelineLayout {
         let last = stage_texts.len() - 1;
         let mut stages = Vec::with_capacity(stage_texts.len());
         let (mut embeddings, mut losses) = (0u32, 0u32);
+        let (mut mtp_stage, mut mtp_layers) = (None::<usize>, 0u32);
         for (i, stage) in stage_texts.iter().enumerate() {
             let mut layers = 0u32;
             for (j, &c) in stage.iter().enumerate() {
                 match c {
-                    't' => layers += 1,
+                    't' => {
+                        if let Some(ms) = mtp_stage {
+                            return Err(format!(
+                                "decoder layer 't' in stage {i} comes after the \
+                                 multi-token-prediction layer 'm' of stage {ms}; Megatron-Core \
+                                 places every decoder layer before the MTP layers"
+                            ));
+                        }
+                        layers += 1;
+                    }
                     'E' => {
                         embeddings += 1;
                         if i != 0 || j != 0 {
@@ -82,10 +103,16 @@ impl PipelineLayout {
                         }
                     }
                     'm' => {
-                        return Err(format!(
-                            "stage {i} holds a multi-token-prediction layer 'm'; Prism does not \
-                             model MTP layers"
-                        ));
+                        match mtp_stage {
+                            Some(ms) if ms != i => {
+                                return Err(format!(
+                                    "multi-token-prediction layers 'm' in stages {ms} and {i}; \
+                                     Megatron-Core keeps all of them in one virtual stage"
+                                ));
+                            }
+                            _ => mtp_stage = Some(i),
+                        }
+                        mtp_layers += 1;
                     }
                     other => {
                         return Err(format!(
@@ -106,6 +133,8 @@ impl PipelineLayout {
         Ok(PipelineLayout {
             text: text.to_string(),
             stages,
+            mtp_stage,
+            mtp_layers,
         })
     }
 
@@ -216,14 +245,23 @@ mod tests {
 
     #[test]
     fn megatron_documented_examples() {
-        // DeepSeek-V3's example, with the MTP layer replaced by a decoder layer (Prism refuses
-        // 'm'): 32 virtual stages, 3 + 29 x 2 + 1 + 0 decoder layers.
-        let l = PipelineLayout::parse("Et*3|(tt|)*29,t|L").unwrap();
+        // DeepSeek-V3's example (61 decoder layers and one MTP layer, pp 16, vpp 2): 32
+        // virtual stages; Megatron's rank map puts embedding + 3 layers on stage 0, 2 layers
+        // on stages 1-29, the MTP layer alone on stage 30 (rank 14, chunk 1) and the loss
+        // alone on stage 31 (rank 15, chunk 1).
+        let l = PipelineLayout::parse("Et*3|(tt|)*29,m|L").unwrap();
         assert_eq!(l.stages.len(), 32);
         assert_eq!(l.stages[0], 3);
         assert!(l.stages[1..30].iter().all(|&s| s == 2));
-        assert_eq!((l.stages[30], l.stages[31]), (1, 0));
-        assert_eq!(l.decoder_layers(), 62);
+        assert_eq!((l.stages[30], l.stages[31]), (0, 0));
+        assert_eq!(l.decoder_layers(), 61);
+        assert_eq!((l.mtp_stage, l.mtp_layers), (Some(30), 1));
+        // Megatron's argument help example: two MTP layers in one stage, an empty stage.
+        let l = PipelineLayout::parse("E|(t|)*3,m|m||L").unwrap_err();
+        assert!(l.contains("stages 4 and 5"), "{l}");
+        let l = PipelineLayout::parse("E|(t|)*3,mm||L").unwrap();
+        assert_eq!((l.mtp_stage, l.mtp_layers), (Some(4), 2));
+        assert_eq!(PipelineLayout::parse("Et|tL").unwrap().mtp_stage, None);
         // Empty stages are legal.
         assert_eq!(
             PipelineLayout::parse("E||t|L").unwrap().stages,
@@ -262,7 +300,11 @@ mod tests {
             ("Et|(*3)|L", "repeats nothing"),
             ("Et|t*|L", "followed by a repeat count"),
             ("Et|()*2|L", "empty group"),
-            ("Et|m|L", "MTP"),
+            (
+                "Etm|t|L",
+                "comes after the multi-token-prediction layer 'm' of stage 0",
+            ),
+            ("Et|tm|mL", "in stages 1 and 2"),
             ("E(t*1000)*100000|L", "expands to more than"),
             ("Et*99999999999999999999|L", "larger than"),
             ("EE|t|L", "'E' must open the first stage"),

@@ -743,6 +743,128 @@ fn bubble_fraction_matches_pipeline_formulas() {
     }
 }
 
+/// Truth (conservation and Megatron-Core's placement rules): a layout that puts the
+/// multi-token-prediction layer `m` on its own virtual stage before the loss ("standalone" MTP,
+/// Megatron's DeepSeek-V3 example) moves the MTP module's work from the loss rank to the `m`
+/// rank without creating or losing any: the same model FLOPs and op count as the layout with
+/// `m` beside `L`; the two pipeline messages between the `m` stage and the loss stage carry two
+/// hidden states (main + MTP) per micro-batch; the module's parameters move between the ranks
+/// and the `m` rank adds one embedding copy; the reduced run equals the full run. Layouts that
+/// break Megatron's rules are refused with the rule named.
+#[test]
+fn standalone_mtp_layout_moves_the_module_and_conserves_work() {
+    let mut base = prism_core::arch::fixtures::small_deepseek_job(4, 1, 2, 64, 2);
+    base.model.arch.mtp_depth = 1;
+    base.parallel.schedule = Schedule::Interleaved;
+    base.parallel.vpp = 2;
+    let with = |text: &str| {
+        let mut j = base.clone();
+        j.parallel.pipeline_layout = Some(PipelineLayout::parse(text).unwrap());
+        j
+    };
+    // 'm' on stage 2 = chunk 1 (the last) of rank 0; the loss alone on stage 3 (rank 1).
+    let standalone = valid(with("Ettt|ttt|ttm|L"));
+    let beside = valid(with("Ettt|ttt|tt|mL"));
+    assert!(standalone.mtp_standalone() && !beside.mtp_standalone());
+    assert_eq!(standalone.stage_layers(), beside.stage_layers());
+
+    let gs = ExecutionGraph::build(&standalone);
+    let gb = ExecutionGraph::build(&beside);
+    // (Collectives may differ: the data-parallel buckets of the two ranks are cut differently.)
+    let computes = |g: &ExecutionGraph| -> usize {
+        g.programs
+            .iter()
+            .map(|p| {
+                p.kind
+                    .iter()
+                    .filter(|k| matches!(k, OpKind::Compute(_)))
+                    .count()
+            })
+            .sum()
+    };
+    assert_eq!(computes(&gs), computes(&gb));
+    let (fs, fb) = (graph_flops(&gs, true), graph_flops(&gb, true));
+    assert!(rel(fs, fb) < 1e-12, "{fs} vs {fb}");
+    let proj_on = |g: &ExecutionGraph| -> Vec<usize> {
+        g.programs
+            .iter()
+            .map(|p| {
+                p.kind
+                    .iter()
+                    .filter(|k| matches!(k, OpKind::Compute(c) if c.name == "mtp_proj_fwd"))
+                    .count()
+            })
+            .collect()
+    };
+    let m = standalone.micro_batches() as usize;
+    assert_eq!(proj_on(&gs), vec![m, 0]);
+    assert_eq!(proj_on(&gb), vec![0, m]);
+    // Message bytes: one hidden state is `t x h` BF16 (tp 1, no SP).
+    let one = standalone.model.seq_len as u64 * standalone.model.hidden as u64 * 2;
+    let sends = |g: &ExecutionGraph| -> Vec<(u64, u64)> {
+        g.programs
+            .iter()
+            .map(|p| {
+                let b: Vec<u64> = p
+                    .kind
+                    .iter()
+                    .filter_map(|k| match k {
+                        OpKind::Send { bytes, .. } => Some(*bytes),
+                        _ => None,
+                    })
+                    .collect();
+                (
+                    b.iter().filter(|&&x| x == one).count() as u64,
+                    b.iter().filter(|&&x| x == 2 * one).count() as u64,
+                )
+            })
+            .collect()
+    };
+    let m = m as u64;
+    // Rank 0: chunk 0 forward and chunk 1 backward carry one state, chunk 1's forward two.
+    // Rank 1: chunk 0 forward and backward one; the loss stage's backward two.
+    assert_eq!(sends(&gs), vec![(2 * m, m), (2 * m, m)]);
+    assert_eq!(sends(&gb), vec![(3 * m, 0), (3 * m, 0)]);
+
+    let emb = standalone.model.vocab as u64 * standalone.model.hidden as u64;
+    let ps: Vec<u64> = (0..2)
+        .map(|s| memory::stage_params(&standalone, s).total())
+        .collect();
+    let pb: Vec<u64> = (0..2)
+        .map(|s| memory::stage_params(&beside, s).total())
+        .collect();
+    assert_eq!(ps[0] - pb[0], (pb[1] - ps[1]) + emb);
+    assert!(
+        memory::stage_memory(&standalone, 0).total() > memory::stage_memory(&beside, 0).total()
+    );
+    assert!(
+        memory::stage_memory(&standalone, 1).total() < memory::stage_memory(&beside, 1).total()
+    );
+
+    let f = full(&standalone);
+    let r = run(&standalone, &with_mode(Mode::Reduced));
+    assert_eq!(r.summary.iteration_time_s, f.summary.iteration_time_s);
+    assert_ne!(
+        f.summary.iteration_time_s,
+        full(&beside).summary.iteration_time_s
+    );
+
+    let refused = [
+        // 'm' on stage 1 = chunk 0 of rank 1: not the rank's last chunk.
+        ("Etttt|ttttm||L", 1, "last model chunk"),
+        // One 'm' for two modules.
+        ("Ettt|ttt|ttm|L", 2, "model.mtp_depth is 2"),
+        // 'm' on a model without MTP.
+        ("Ettt|ttt|ttm|L", 0, "model.mtp_depth is 0"),
+    ];
+    for (text, depth, want) in refused {
+        let mut j = with(text);
+        j.model.arch.mtp_depth = depth;
+        let err = j.validate().unwrap_err().to_string();
+        assert!(err.contains(want), "{text} (depth {depth}): {err}");
+    }
+}
+
 /// Truth: a pipeline layout that writes out the even split (`E` + equal stages + `L`) is the
 /// same job as `vpp` alone: the same graph and the same simulation, bit for bit. And uneven
 /// stages follow the flow-shop closed form: under GPipe with every non-layer op and all

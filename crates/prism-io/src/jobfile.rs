@@ -244,7 +244,7 @@ const MODEL_FIELDS: &[Field] = &[
     fld("attention_window", Ty::U32),
     fld("attention_window_kind", Ty::Str),
     fld("attention_global_every", Ty::U32),
-    fld("mtp_depth", Ty::U32),
+    alias("mtp_depth", Ty::U32, &["mtp_num_layers"]),
     fld("qk_norm", Ty::Bool),
 ];
 

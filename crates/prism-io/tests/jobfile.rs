@@ -1495,6 +1495,60 @@ fn pipeline_layout_sets_vpp_schedule_and_layers() {
     assert_eq!(one.job.stage_layers(), vec![15, 17]);
 }
 
+/// Megatron-Core's own DeepSeek-V3 example (docs/user-guide/features/pipeline_parallel_layout.md:
+/// `--pipeline-model-parallel-size 16 --pipeline-model-parallel-layout "Et*3|(tt|)*29,m|L"`),
+/// written with Megatron's argument names (`mtp_num_layers`, `pipeline_model_parallel_layout`),
+/// loads as written: vpp 2, Megatron's rank map (embedding + 3 layers on rank 0, 2 per chunk
+/// elsewhere, rank 14's second chunk the MTP layer, rank 15's the loss), the MTP modules on
+/// rank 14 ahead of the loss.
+#[test]
+fn megatron_deepseek_v3_layout_with_mtp_loads_as_written() {
+    let text = r#"
+[model]
+preset = "deepseek-v3"
+mtp_num_layers = 1
+
+[cluster]
+preset = "dgx-h100"
+nodes = 128
+
+[parallel]
+tp = 1
+pp = 16
+ep = 64
+recompute = "full"
+pipeline_model_parallel_layout = "Et*3|(tt|)*29,m|L"
+
+[training]
+global_batch = 2048
+"#;
+    let j = ok(text, &[]).job;
+    assert_eq!(j.parallel.vpp, 2);
+    let virt = j.virtual_stage_layers();
+    assert_eq!(virt.len(), 32);
+    assert_eq!((virt[0], virt[30], virt[31]), (3, 0, 0));
+    assert_eq!(j.chunk_layers(14), vec![29..31, 61..61]);
+    assert_eq!(j.chunk_layers(15), vec![31..33, 61..61]);
+    assert!(j.mtp_standalone());
+    assert_eq!(j.mtp_virtual_stage(), 30);
+    assert!(j.holds_mtp(14) && !j.holds_mtp(15));
+    fails(
+        text,
+        &["model.mtp_depth=0"],
+        "parallel.pipeline_layout",
+        &[
+            "places 1 multi-token-prediction layers ('m')",
+            "model.mtp_depth is 0",
+        ],
+    );
+    fails(
+        text,
+        &["parallel.pipeline_layout=Et*3|(tt|)*28,ttm|t|L"],
+        "parallel.pipeline_layout",
+        &["decoder layer 't' in stage 30 comes after", "stage 29"],
+    );
+}
+
 #[test]
 fn pipeline_layout_errors_name_the_key_and_rule() {
     let e = fails(
