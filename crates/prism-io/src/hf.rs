@@ -2,7 +2,9 @@
 //!
 //! Accepts the configs of these `model_type`s as they are published: `llama`, `mistral`,
 //! `qwen2`, `mixtral`, `qwen3`, `qwen3_moe`, `gemma2`, `gemma3` (and `gemma3_text`), `phi3`,
-//! `llama4` (and `llama4_text`), `gpt_oss`, `deepseek_v2`, `deepseek_v3` and `kimi_k2` (DeepSeek-V3's architecture). A multimodal config
+//! `llama4` (and `llama4_text`), `gpt_oss`, `deepseek_v2`, `deepseek_v3`, `kimi_k2` (DeepSeek-V3's
+//! architecture) and `glm4_moe` (GLM-4.5 and GLM-4.5-Air: DeepSeek-V3's MoE layout with grouped-query
+//! attention instead of MLA). A multimodal config
 //! (`gemma3`, `llama4`) is read through its `text_config`: Prism simulates the language model
 //! (its vision encoder, under `vision_config`, is not part of the simulated training step).
 //! Keys this module does not use are ignored (HF configs carry many); a key that changes
@@ -33,13 +35,14 @@
 //! | `decoder_sparse_step`, `mlp_only_layers` | Qwen3-MoE: MoE every `step` layers; `mlp_only_layers` must be empty |
 //! | `interleave_moe_layer_step`, `moe_layers` | Llama 4: MoE every `step` layers (`moe_layers`, when given, must match) |
 //! | `q_lora_rank`, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim` | DeepSeek: multi-head latent attention |
-//! | `num_nextn_predict_layers` | DeepSeek-V3: multi-token-prediction depth |
+//! | `num_nextn_predict_layers` | DeepSeek-V3, GLM-4.5: multi-token-prediction depth |
 //! | `n_group`, `topk_group` | DeepSeek: group-limited routing (`moe_groups`, `moe_groups_per_token`; V3's node-limited routing when groups sit on nodes) |
 //! | `sliding_window` (with `use_sliding_window`) | local attention window: every layer (Mistral, Phi-3), every layer but every 2nd (Gemma 2), every 6th (`sliding_window_pattern`, Gemma 3), or per `layer_types` |
 //! | `layer_types` | `sliding_attention` / `chunked_attention` / `full_attention` per layer: must be a regular pattern (every `n`-th layer global) |
 //! | `attention_chunk_size`, `no_rope_layers`, `no_rope_layer_interval` | Llama 4: chunked attention on the RoPE layers, global attention on every `interval`-th (NoPE) layer |
 //! | `max_window_layers` | Qwen: with `use_sliding_window = true` refused (its per-layer split is not modelled) |
-//! | `use_qk_norm` / family | query/key RMS norms (Qwen3, Gemma 3; Llama 4's L2 norm has no weights) |
+//! | `use_qk_norm` / family | query/key RMS norms (Qwen3, Gemma 3, GLM-4.5 when `use_qk_norm`; Llama 4's L2 norm has no weights) |
+//! | `partial_rotary_factor` | read, costed as free (RoPE on part of each head is elementwise work fused into the attention prologue) |
 //! | `attn_logit_softcapping`, `final_logit_softcapping` | read, costed as free (an elementwise op fused into the attention / loss kernels) |
 //!
 //! Not counted: biases (`attention_bias`, gpt-oss' expert biases; below 0.01% of the
@@ -67,6 +70,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "deepseek_v2",
     "deepseek_v3",
     "kimi_k2",
+    "glm4_moe",
 ];
 
 /// A `config.json` that could not be turned into a model.
@@ -144,6 +148,7 @@ struct HfConfig {
     attention_chunk_size: Option<u32>,
     no_rope_layers: Option<Vec<u32>>,
     no_rope_layer_interval: Option<u32>,
+    use_qk_norm: Option<bool>,
 }
 
 fn model_type_from_arch(arch: &str) -> Option<&'static str> {
@@ -163,6 +168,7 @@ fn model_type_from_arch(arch: &str) -> Option<&'static str> {
         "GptOssForCausalLM" => Some("gpt_oss"),
         "DeepseekV2ForCausalLM" => Some("deepseek_v2"),
         "DeepseekV3ForCausalLM" => Some("deepseek_v3"),
+        "Glm4MoeForCausalLM" => Some("glm4_moe"),
         _ => None,
     }
 }
@@ -368,7 +374,7 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
     let experts = match family {
         "mixtral" | "llama4" | "gpt_oss" => cfg.num_local_experts,
         "qwen3_moe" => cfg.num_experts,
-        "deepseek_v2" | "deepseek_v3" => cfg.n_routed_experts,
+        "deepseek_v2" | "deepseek_v3" | "glm4_moe" => cfg.n_routed_experts,
         _ => {
             for (k, v) in [
                 ("num_local_experts", cfg.num_local_experts),
@@ -393,13 +399,13 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
                 (None, None) => req(None, "num_experts_per_tok")?,
             };
             let expert_ffn = match family {
-                "qwen3_moe" | "deepseek_v2" | "deepseek_v3" => {
+                "qwen3_moe" | "deepseek_v2" | "deepseek_v3" | "glm4_moe" => {
                     req(cfg.moe_intermediate_size, "moe_intermediate_size")?
                 }
                 _ => req(cfg.intermediate_size, "intermediate_size")?,
             };
             match family {
-                "deepseek_v2" | "deepseek_v3" => {
+                "deepseek_v2" | "deepseek_v3" | "glm4_moe" => {
                     arch.moe_shared_ffn_hidden = cfg.n_shared_experts.unwrap_or(0) * expert_ffn;
                     arch.moe_first_dense_layers = cfg.first_k_dense_replace.unwrap_or(0);
                     // Group-limited routing, when it limits anything.
@@ -489,10 +495,15 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
             "missing required key (DeepSeek's multi-head latent attention)".into(),
         ));
     }
-    if family == "deepseek_v3" {
+    if matches!(family, "deepseek_v3" | "glm4_moe") {
         arch.mtp_depth = cfg.num_nextn_predict_layers.unwrap_or(0);
     }
-    arch.qk_norm = matches!(family, "qwen3" | "qwen3_moe" | "gemma3");
+    arch.qk_norm = match family {
+        "qwen3" | "qwen3_moe" | "gemma3" => true,
+        // GLM-4.5 sets `use_qk_norm: true`, GLM-4.5-Air false (transformers' default).
+        "glm4_moe" => cfg.use_qk_norm.unwrap_or(false),
+        _ => false,
+    };
 
     // Local attention.
     let window_on = match (cfg.sliding_window, cfg.use_sliding_window) {

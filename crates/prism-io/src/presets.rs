@@ -90,6 +90,10 @@ const MODELS: &[(&str, &str)] = &[
         include_str!("../presets/models/gpt-oss-20b.toml"),
     ),
     ("kimi-k2", include_str!("../presets/models/kimi-k2.toml")),
+    (
+        "glm-4.5-air",
+        include_str!("../presets/models/glm-4.5-air.toml"),
+    ),
 ];
 
 /// Cluster presets: (name, TOML text with `[cluster]` keys, without `nodes`).

@@ -283,6 +283,7 @@ fn every_family_simulates_from_its_config() {
         ("phi3-medium-4k.json", 4096, 2, 1),
         ("llama4-maverick.json", 8192, 8, 8),
         ("gpt-oss-120b.json", 4096, 8, 8),
+        ("glm-4.5-air.json", 4096, 4, 8),
     ] {
         let path = data(&format!("hf/{file}"));
         let job = format!(
@@ -330,6 +331,7 @@ fn presets_match_the_configs() {
         ("qwen3-30b-a3b", "qwen3-30b-a3b.json"),
         ("gpt-oss-120b", "gpt-oss-120b.json"),
         ("kimi-k2", "kimi-k2.json"),
+        ("glm-4.5-air", "glm-4.5-air.json"),
     ] {
         let p = preset_model(preset);
         let hf = read(&format!("hf/{file}"));
@@ -378,6 +380,48 @@ fn preset_model(name: &str) -> Model {
         .unwrap_or_else(|e| panic!("{name}: {e}"))
         .job
         .model
+}
+
+/// GLM-4.5-Air (Zhipu AI / Z.ai 2025, "GLM-4.5: Agentic, Reasoning, and Coding (ARC) Foundation
+/// Models", arXiv:2508.06471: 106 B total parameters, 12 B activated; `model_type` `glm4_moe`):
+/// DeepSeek-V3's MoE layout (one leading dense layer, 128 routed experts of width 1408 with
+/// top-8, one shared expert, one MTP layer) with grouped-query attention (96 query heads of
+/// 128, 8 KV heads: the query width 12288 is three times the hidden size 4096). The fixture is
+/// the model's config as transformers 4.54.1 loads it.
+#[test]
+fn glm_4_5_air() {
+    let m = read("hf/glm-4.5-air.json");
+    assert_eq!(
+        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
+        Some((128, 8, 1408))
+    );
+    assert_eq!(
+        (
+            m.heads,
+            m.kv_heads,
+            m.head_dim,
+            m.ffn_hidden,
+            m.arch.moe_first_dense_layers,
+            m.arch.moe_shared_ffn_hidden,
+            m.arch.mtp_depth
+        ),
+        (96, 8, 128, 10944, 1, 1408, 1)
+    );
+    assert!(m.arch.mla.is_none() && !m.arch.qk_norm);
+    assert_eq!(m.moe_layers(), 45);
+    // n_group 1: no group-limited routing.
+    assert_eq!(m.arch.moe_groups, 0);
+    // Figures published in whole billions (106 B total, 12 B activated); the MTP layer is not
+    // part of them, as for DeepSeek-V3, and the activated count leaves out both embedding
+    // matrices (with the untied output head, 0.62 B, it would be 12.8 B).
+    assert_published("GLM-4.5-Air total", m.params(), 106.0, 0.01);
+    let head = m.vocab as u64 * m.hidden as u64;
+    assert_published(
+        "GLM-4.5-Air active",
+        active_without_embedding(&m) - head,
+        12.0,
+        0.02,
+    );
 }
 
 /// Kimi K2 (Moonshot AI 2025 model card: 1 T total, 32 B activated; `model_type` `kimi_k2`, the

@@ -1298,6 +1298,7 @@ const PUBLISHED: &[(&str, f64, Option<&str>)] = &[
     ("gpt-oss-120b", 116.83, None),
     ("gpt-oss-20b", 20.91, None),
     ("kimi-k2", 1000.0, None),
+    ("glm-4.5-air", 106.0, None),
 ];
 
 #[test]
