@@ -301,6 +301,8 @@ const PARALLEL_FIELDS: &[Field] = &[
         Ty::Str,
         &["pipeline_model_parallel_layout"],
     ),
+    fld("account_for_embedding_in_pipeline_split", Ty::Bool),
+    fld("account_for_loss_in_pipeline_split", Ty::Bool),
     fld("deallocate_stage_input", Ty::Bool),
     fld("dp_bucket_mparams", Ty::F64),
     fld("overlap_grad_reduce", Ty::Bool),
@@ -2514,6 +2516,7 @@ fn build_parallel(
         }
         (None, _) => 1,
     };
+    let pipeline_layout = accounted_split(&g, ctx, sources, pipeline_layout, model, pp, vpp)?;
     let micro_batch = g.u32("micro_batch")?.unwrap_or(1);
     let given_dp = g.u32("dp")?;
 
@@ -2958,4 +2961,90 @@ fn build_wan(
         links,
         sharing,
     })
+}
+
+/// Megatron-Core's `--account-for-embedding-in-pipeline-split` and
+/// `--account-for-loss-in-pipeline-split`: the embedding (the loss) counts as one more layer when
+/// the layers are split over the `pp x vpp` virtual stages, and the first (last) virtual stage
+/// builds one decoder layer fewer (transformer_block.py, `get_num_layers_to_build`). Prism
+/// writes the split as the equivalent pipeline layout (shown as the job's layout), so every
+/// layout rule and closed form applies; `layers + e + l` must divide by `pp x vpp`, as Megatron
+/// asserts. Returns `layout` unchanged when neither key is set.
+#[allow(clippy::too_many_arguments)]
+fn accounted_split(
+    g: &Getter<'_>,
+    ctx: &Ctx<'_>,
+    sources: &mut Sources,
+    layout: Option<PipelineLayout>,
+    model: &Model,
+    pp: u32,
+    vpp: u32,
+) -> Result<Option<PipelineLayout>, JobFileError> {
+    let emb_key = "account_for_embedding_in_pipeline_split";
+    let loss_key = "account_for_loss_in_pipeline_split";
+    let e = g.bool(emb_key)?.unwrap_or(false);
+    let l = g.bool(loss_key)?.unwrap_or(false);
+    if !(e || l) {
+        return Ok(layout);
+    }
+    let key = if e { emb_key } else { loss_key };
+    let dotted = format!("parallel.{key}");
+    let fail = |rule: String| match g.entry(key) {
+        Some(en) => ctx.at_value(&en.src, &dotted, rule),
+        None => ctx.error(Some(&dotted), rule),
+    };
+    if layout.is_some() {
+        return Err(fail(
+            "cannot be combined with parallel.pipeline_layout (the layout already places the \
+             embedding and the loss; Megatron-Core refuses the combination too)"
+                .into(),
+        ));
+    }
+    for other in ["first_stage_layers", "last_stage_layers"] {
+        if g.entry(other).is_some() {
+            return Err(fail(format!(
+                "cannot be combined with parallel.{other} (Megatron-Core refuses uneven first/last \
+                 stages with the embedding or loss counted in the split)"
+            )));
+        }
+    }
+    if !(1..=MAX_LAYERS).contains(&model.layers) || pp == 0 || vpp == 0 {
+        // Job::validate names the bad size.
+        return Ok(None);
+    }
+    let stages = u64::from(pp) * u64::from(vpp);
+    let n = u64::from(model.layers) + u64::from(e) + u64::from(l);
+    if !n.is_multiple_of(stages) {
+        return Err(fail(format!(
+            "model.layers{}{} = {n} must be divisible by pp x vpp = {pp} x {vpp} = {stages} \
+             (Megatron-Core counts the embedding and the loss as layers of the split)",
+            if e { " + 1 (embedding)" } else { "" },
+            if l { " + 1 (loss)" } else { "" },
+        )));
+    }
+    let k = n / stages;
+    let t = |c: u64| match c {
+        0 => String::new(),
+        1 => "t".to_string(),
+        c => format!("t*{c}"),
+    };
+    let text = if stages == 1 {
+        format!("E{}L", t(u64::from(model.layers)))
+    } else {
+        let middle = if stages > 2 {
+            format!("({}|)*{}", t(k), stages - 2)
+        } else {
+            String::new()
+        };
+        format!("E{}|{middle}{}L", t(k - u64::from(e)), t(k - u64::from(l)))
+    };
+    let parsed = PipelineLayout::parse(&text).map_err(fail)?;
+    sources.insert(
+        "parallel.pipeline_layout".into(),
+        Src::Derived(format!(
+            "from {dotted}: {n} layers (embedding and loss counted) over {stages} virtual stages, \
+             {k} each, one fewer decoder layer where the embedding or loss sits = \"{text}\""
+        )),
+    );
+    Ok(Some(parsed))
 }

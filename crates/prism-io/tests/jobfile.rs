@@ -1496,6 +1496,74 @@ fn pipeline_layout_sets_vpp_schedule_and_layers() {
     assert_eq!(one.job.stage_layers(), vec![15, 17]);
 }
 
+/// Megatron-Core's `--account-for-embedding-in-pipeline-split` and
+/// `--account-for-loss-in-pipeline-split` (transformer_block.py, `get_num_layers_to_build`):
+/// `layers + 1 + 1` split evenly over the `pp x vpp` virtual stages, one decoder layer fewer on
+/// the first and on the last. For Llama 3 405B on pp 16, vpp 8 that is the Llama 3 paper's split,
+/// the default example's `E|(t|)*126,L`; on pp 4 without interleaving, 31 / 32 / 32 / 31.
+#[test]
+fn megatron_accounted_split_is_the_equivalent_layout() {
+    let text = r#"
+[model]
+preset = "llama3-405b"
+
+[cluster]
+preset = "dgx-h100"
+nodes = 2048
+
+[parallel]
+tp = 8
+pp = 16
+vpp = 8
+account_for_embedding_in_pipeline_split = true
+account_for_loss_in_pipeline_split = true
+
+[training]
+global_batch = 2048
+"#;
+    let j = ok(text, &[]).job;
+    let meta = prism_core::pipeline_layout::PipelineLayout::parse("E|(t|)*126,L").unwrap();
+    assert_eq!(
+        j.parallel.pipeline_layout.as_ref().unwrap().stages,
+        meta.stages
+    );
+    assert_eq!(j.parallel.schedule, Schedule::Interleaved);
+    let four = ok(text, &["parallel.pp=4", "parallel.vpp=1", "parallel.tp=8"]).job;
+    assert_eq!(four.stage_layers(), vec![31, 32, 32, 31]);
+    let loss_only = ok(
+        text,
+        &[
+            "parallel.pp=4",
+            "parallel.vpp=1",
+            "parallel.account_for_embedding_in_pipeline_split=false",
+            "model.layers=127",
+        ],
+    )
+    .job;
+    assert_eq!(loss_only.stage_layers(), vec![32, 32, 32, 31]);
+    fails(
+        text,
+        &["parallel.account_for_loss_in_pipeline_split=false"],
+        "parallel.account_for_embedding_in_pipeline_split",
+        &[
+            "model.layers + 1 (embedding) = 127",
+            "pp x vpp = 16 x 8 = 128",
+        ],
+    );
+    fails(
+        text,
+        &["parallel.pipeline_layout=E|(t|)*126,L"],
+        "parallel.account_for_embedding_in_pipeline_split",
+        &["cannot be combined with parallel.pipeline_layout"],
+    );
+    fails(
+        text,
+        &["parallel.vpp=1", "parallel.first_stage_layers=7"],
+        "parallel.account_for_embedding_in_pipeline_split",
+        &["cannot be combined with parallel.first_stage_layers"],
+    );
+}
+
 /// Megatron-Core's own DeepSeek-V3 example (docs/user-guide/features/pipeline_parallel_layout.md:
 /// `--pipeline-model-parallel-size 16 --pipeline-model-parallel-layout "Et*3|(tt|)*29,m|L"`),
 /// written with Megatron's argument names (`mtp_num_layers`, `pipeline_model_parallel_layout`),
