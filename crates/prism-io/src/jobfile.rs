@@ -2970,7 +2970,6 @@ fn build_wan(
 /// writes the split as the equivalent pipeline layout (shown as the job's layout), so every
 /// layout rule and closed form applies; `layers + e + l` must divide by `pp x vpp`, as Megatron
 /// asserts. Returns `layout` unchanged when neither key is set.
-#[allow(clippy::too_many_arguments)]
 fn accounted_split(
     g: &Getter<'_>,
     ctx: &Ctx<'_>,
