@@ -214,29 +214,33 @@ const MODEL_FIELDS: &[Field] = &[
     fld("preset", Ty::Str),
     fld("hf_config", Ty::Str),
     fld("name", Ty::Str),
-    fld("layers", Ty::U32),
-    fld("hidden", Ty::U32),
-    fld("ffn_hidden", Ty::U32),
-    fld("heads", Ty::U32),
-    fld("kv_heads", Ty::U32),
-    fld("head_dim", Ty::U32),
+    alias("layers", Ty::U32, &["num_layers"]),
+    alias("hidden", Ty::U32, &["hidden_size"]),
+    alias("ffn_hidden", Ty::U32, &["ffn_hidden_size"]),
+    alias("heads", Ty::U32, &["num_attention_heads"]),
+    alias("kv_heads", Ty::U32, &["num_query_groups"]),
+    alias("head_dim", Ty::U32, &["kv_channels"]),
     fld("vocab", Ty::U32),
-    fld("seq_len", Ty::U32),
+    alias("seq_len", Ty::U32, &["seq_length"]),
     fld("activation", Ty::Str),
-    fld("moe_experts", Ty::U32),
-    fld("moe_top_k", Ty::U32),
-    fld("moe_ffn_hidden", Ty::U32),
+    alias("moe_experts", Ty::U32, &["num_experts"]),
+    alias("moe_top_k", Ty::U32, &["moe_router_topk"]),
+    alias("moe_ffn_hidden", Ty::U32, &["moe_ffn_hidden_size"]),
     fld("tied_embeddings", Ty::Bool),
     fld("dropout", Ty::Bool),
     // Architecture features (prism_core::arch; docs/job-format.md "Model families").
-    fld("mla_q_lora_rank", Ty::U32),
-    fld("mla_kv_lora_rank", Ty::U32),
-    fld("mla_qk_nope_head_dim", Ty::U32),
-    fld("mla_qk_rope_head_dim", Ty::U32),
-    fld("mla_v_head_dim", Ty::U32),
+    alias("mla_q_lora_rank", Ty::U32, &["q_lora_rank"]),
+    alias("mla_kv_lora_rank", Ty::U32, &["kv_lora_rank"]),
+    alias("mla_qk_nope_head_dim", Ty::U32, &["qk_head_dim"]),
+    alias("mla_qk_rope_head_dim", Ty::U32, &["qk_pos_emb_head_dim"]),
+    alias("mla_v_head_dim", Ty::U32, &["v_head_dim"]),
     fld("moe_first_dense_layers", Ty::U32),
     fld("moe_layer_step", Ty::U32),
-    fld("moe_shared_ffn_hidden", Ty::U32),
+    alias(
+        "moe_shared_ffn_hidden",
+        Ty::U32,
+        &["moe_shared_expert_intermediate_size"],
+    ),
     fld("moe_capacity_factor", Ty::F64),
     fld("moe_imbalance", Ty::F64),
     fld("moe_groups", Ty::U32),
@@ -276,7 +280,15 @@ const PARALLEL_FIELDS: &[Field] = &[
     alias("cp", Ty::U32, &["context_parallel_size"]),
     alias("ep", Ty::U32, &["expert_model_parallel_size"]),
     fld("dp", Ty::U32),
-    alias("vpp", Ty::U32, &["virtual_pipeline_model_parallel_size"]),
+    alias(
+        "vpp",
+        Ty::U32,
+        &[
+            "virtual_pipeline_model_parallel_size",
+            "num_virtual_stages_per_pipeline_rank",
+        ],
+    ),
+    fld("num_layers_per_virtual_pipeline_stage", Ty::U32),
     alias("micro_batch", Ty::U32, &["micro_batch_size"]),
     fld("sequence_parallel", Ty::Bool),
     alias("recompute", Ty::Str, &["recompute_granularity"]),
@@ -2501,7 +2513,50 @@ fn build_parallel(
             )
         }
     };
-    let vpp = match (g.u32("vpp")?, &pipeline_layout) {
+    let per_chunk_key = "num_layers_per_virtual_pipeline_stage";
+    let per_chunk = match g.u32(per_chunk_key)? {
+        None => None,
+        Some(n) => {
+            let dotted = format!("parallel.{per_chunk_key}");
+            let e = g.entry(per_chunk_key).expect("u32() returned Some");
+            let fail = |rule: String| ctx.at_value(&e.src, &dotted, rule);
+            if g.entry("vpp").is_some() {
+                return Err(fail(
+                    "cannot be combined with parallel.vpp (Megatron's \
+                     --num-virtual-stages-per-pipeline-rank): give one of them"
+                        .into(),
+                ));
+            }
+            if pipeline_layout.is_some() {
+                return Err(fail(
+                    "cannot be combined with parallel.pipeline_layout (the layout already sets \
+                     the virtual stages)"
+                        .into(),
+                ));
+            }
+            let layers = u64::from(model.layers);
+            let (pp64, n64) = (u64::from(pp), u64::from(n));
+            if n == 0
+                || pp == 0
+                || !layers.is_multiple_of(pp64)
+                || !(layers / pp64).is_multiple_of(n64)
+            {
+                return Err(fail(format!(
+                    "must divide the layers per pipeline rank: model.layers / pp = {layers} / {pp} \
+                     must be a whole multiple of {n} (Megatron derives vpp = layers / pp / {n})"
+                )));
+            }
+            let v = (layers / pp64 / n64).min(u64::from(u32::MAX)) as u32;
+            sources.insert(
+                "parallel.vpp".into(),
+                Src::Derived(format!(
+                    "vpp = layers / pp / {per_chunk_key} = {layers} / {pp} / {n} = {v}"
+                )),
+            );
+            Some(v)
+        }
+    };
+    let vpp = match (g.u32("vpp")?.or(per_chunk), &pipeline_layout) {
         (Some(v), _) => v,
         (None, Some(l)) if pp > 0 && (l.stages.len() as u64).is_multiple_of(u64::from(pp)) => {
             let v = (l.stages.len() as u64 / u64::from(pp)).min(u64::from(u32::MAX)) as u32;

@@ -1496,6 +1496,95 @@ fn pipeline_layout_sets_vpp_schedule_and_layers() {
     assert_eq!(one.job.stage_layers(), vec![15, 17]);
 }
 
+/// A job written with Megatron-LM's argument names (as in a pretrain_gpt.py launch script, dashes
+/// as underscores) is the same job as one written with Prism's names; the older
+/// `--num-layers-per-virtual-pipeline-stage` derives vpp = layers / pp / n as Megatron does.
+#[test]
+fn megatron_argument_names_give_the_same_job() {
+    let megatron = r#"
+[model]
+num_layers = 96
+hidden_size = 12288
+ffn_hidden_size = 49152
+num_attention_heads = 96
+num_query_groups = 96
+kv_channels = 128
+seq_length = 2048
+vocab = 51200
+activation = "gelu"
+
+[cluster]
+preset = "dgx-a100-80g"
+nodes = 128
+
+[parallel]
+tensor_model_parallel_size = 8
+pipeline_model_parallel_size = 8
+num_layers_per_virtual_pipeline_stage = 3
+micro_batch_size = 1
+sequence_parallel = true
+use_distributed_optimizer = true
+
+[training]
+global_batch_size = 1536
+"#;
+    let prism = r#"
+[model]
+layers = 96
+hidden = 12288
+ffn_hidden = 49152
+heads = 96
+kv_heads = 96
+head_dim = 128
+seq_len = 2048
+vocab = 51200
+activation = "gelu"
+
+[cluster]
+preset = "dgx-a100-80g"
+nodes = 128
+
+[parallel]
+tp = 8
+pp = 8
+vpp = 4
+micro_batch = 1
+sequence_parallel = true
+distributed_optimizer = true
+
+[training]
+global_batch = 1536
+"#;
+    let (a, b) = (ok(megatron, &[]).job, ok(prism, &[]).job);
+    assert_eq!(a.parallel.vpp, 4);
+    assert_eq!(a, b);
+    let alias = ok(
+        megatron,
+        &[
+            "parallel.num_layers_per_virtual_pipeline_stage=",
+            "parallel.num_virtual_stages_per_pipeline_rank=4",
+        ],
+    )
+    .job;
+    assert_eq!(alias, b);
+    fails(
+        megatron,
+        &["parallel.num_layers_per_virtual_pipeline_stage=5"],
+        "parallel.num_layers_per_virtual_pipeline_stage",
+        &["model.layers / pp = 96 / 8", "multiple of 5"],
+    );
+    fails(
+        megatron,
+        &["parallel.vpp=4"],
+        "parallel.num_layers_per_virtual_pipeline_stage",
+        &["cannot be combined with parallel.vpp"],
+    );
+    // A setting given under both names is refused.
+    let twice = megatron.replace("num_layers = 96", "num_layers = 96\nlayers = 96");
+    let e = load(&twice, &[]).unwrap_err().to_string();
+    assert!(e.contains("layers"), "{e}");
+}
+
 /// Megatron-Core's `--account-for-embedding-in-pipeline-split` and
 /// `--account-for-loss-in-pipeline-split` (transformer_block.py, `get_num_layers_to_build`):
 /// `layers + 1 + 1` split evenly over the `pp x vpp` virtual stages, one decoder layer fewer on
