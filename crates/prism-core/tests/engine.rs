@@ -1441,6 +1441,68 @@ proptest! {
         }
     }
 
+    /// Truth (conservation, symmetry): for random layouts of 8 layers on pp x 2 virtual stages
+    /// with the MTP layer `m` on a rank's last chunk ahead of the loss, moving `m` beside the
+    /// loss changes where the module runs but not the graph's FLOPs; the parameters summed
+    /// over the ranks differ by exactly the MTP chunk's embedding copy; the reduced run equals
+    /// the full run.
+    #[test]
+    fn prop_standalone_mtp_layouts(
+        tp in prop::sample::select(vec![1u32, 2]),
+        pp in prop::sample::select(vec![2u32, 4]),
+        pick in 0u32..8,
+        cuts in prop::collection::vec(0u32..=8, 7),
+        rc in prop::sample::select(vec![Recompute::None, Recompute::Full]),
+    ) {
+        let nodes = 2;
+        let dp = nodes * 8 / (tp * pp);
+        let mut job = small_job(nodes, tp, pp, dp * 2 * pp);
+        job.model.layers = 8;
+        job.model.arch.mtp_depth = 1;
+        job.parallel.schedule = Schedule::Interleaved;
+        job.parallel.vpp = 2;
+        job.parallel.recompute = rc;
+        let stages = 2 * pp as usize;
+        // `m` on virtual stage ms (chunk 1 of rank ms - pp), not the last stage.
+        let ms = pp as usize + (pick as usize % (pp as usize - 1));
+        let mut points: Vec<u32> = cuts.iter().copied().take(ms).collect();
+        points.sort_unstable();
+        let mut counts = Vec::new();
+        let mut prev = 0;
+        for &c in points.iter().chain([8u32].iter()) {
+            counts.push(c - prev);
+            prev = c;
+        }
+        let text = |m_at: usize| -> String {
+            (0..stages)
+                .map(|i| {
+                    let mut st = String::new();
+                    if i == 0 { st.push('E'); }
+                    st.push_str(&"t".repeat(counts.get(i).copied().unwrap_or(0) as usize));
+                    if i == m_at { st.push('m'); }
+                    if i == stages - 1 { st.push('L'); }
+                    st
+                })
+                .collect::<Vec<_>>()
+                .join("|")
+        };
+        let mut standalone = job.clone();
+        standalone.parallel.pipeline_layout = Some(PipelineLayout::parse(&text(ms)).unwrap());
+        let mut beside = job.clone();
+        beside.parallel.pipeline_layout = Some(PipelineLayout::parse(&text(stages - 1)).unwrap());
+        prop_assume!(standalone.validate().is_ok() && beside.validate().is_ok());
+        prop_assert!(standalone.mtp_standalone() && !beside.mtp_standalone());
+        let fs = graph_flops(&ExecutionGraph::build(&standalone), true);
+        let fb = graph_flops(&ExecutionGraph::build(&beside), true);
+        prop_assert!(rel(fs, fb) < 1e-12, "{fs} vs {fb}");
+        let total = |j: &Job| (0..pp).map(|r| memory::stage_params(j, r).total()).sum::<u64>();
+        let emb = (job.model.vocab as u64 * job.model.hidden as u64).div_ceil(tp as u64);
+        prop_assert_eq!(total(&standalone), total(&beside) + emb);
+        let f = full(&standalone);
+        let r = run(&standalone, &with_mode(Mode::Reduced));
+        prop_assert_eq!(r.summary.iteration_time_s, f.summary.iteration_time_s);
+    }
+
     /// Truth: faster GPUs (2x tensor peak and HBM bandwidth) never slow an iteration.
     #[test]
     fn prop_faster_gpu_never_slower(job in arb_job()) {
