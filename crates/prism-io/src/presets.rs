@@ -118,6 +118,10 @@ const CLUSTERS: &[(&str, &str)] = &[
         "dgx-h800",
         include_str!("../presets/clusters/dgx-h800.toml"),
     ),
+    (
+        "gb200-nvl72",
+        include_str!("../presets/clusters/gb200-nvl72.toml"),
+    ),
 ];
 
 /// Job presets: (name, whole job file).

@@ -624,6 +624,51 @@ fn unknown_preset_suggests_and_lists() {
     );
 }
 
+/// Truth (monotonicity): on GB200 NVL72 a 24-way expert-parallel group sits inside one 72-GPU
+/// NVLink domain; the same GPUs cut into 8-GPU nodes spread every EP group over three nodes and
+/// its all-to-alls over the NICs. The rack is faster, with less exposed EP communication.
+/// (Qwen3-30B-A3B with 96 experts, so that 24 divides both the experts and the rack.)
+#[test]
+fn nvl72_keeps_wide_expert_parallelism_on_nvlink() {
+    let text = r#"
+[model]
+preset = "qwen3-30b-a3b"
+moe_experts = 96
+
+[cluster]
+preset = "gb200-nvl72"
+nodes = 1
+
+[parallel]
+tp = 1
+pp = 1
+ep = 24
+
+[training]
+global_batch = 144
+"#;
+    let sim = |sets: &[&str]| {
+        let j = ok(text, sets).job;
+        prism_core::simulate(
+            &j,
+            &prism_core::SimOptions {
+                mode: prism_core::Mode::Reduced,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .summary
+    };
+    let rack = sim(&[]);
+    let nodes = sim(&["cluster.gpus_per_node=8", "cluster.nodes=9"]);
+    eprintln!(
+        "[nvl72 ep24] rack {:.3} s (EP exposed {:.3} s), 8-GPU nodes {:.3} s (EP exposed {:.3} s)",
+        rack.iteration_time_s, rack.breakdown.ep_s, nodes.iteration_time_s, nodes.breakdown.ep_s
+    );
+    assert!(rack.iteration_time_s < nodes.iteration_time_s);
+    assert!(rack.breakdown.ep_s < nodes.breakdown.ep_s);
+}
+
 #[test]
 fn ep_not_dividing_experts() {
     let text = SMALL.replace("llama3-8b", "mixtral-8x7b");
@@ -1397,10 +1442,21 @@ fn cluster_presets() {
             !text.lines().any(|l| l.trim_start().starts_with("nodes")),
             "{name} sets nodes"
         );
-        let job = ok(SMALL, &[&format!("cluster.preset={name}")]).job;
+        // GB200 NVL72: one node is a rack of 72 GPUs (one NVLink domain); the others are
+        // 8-GPU servers. One node of each: 8 x 8 GPUs or 72 / (4 x 2) = 9 data-parallel ranks.
+        let (gpn, extra): (u32, &[&str]) = if name == "gb200-nvl72" {
+            (72, &["cluster.nodes=1", "training.global_batch=72"])
+        } else {
+            (8, &[])
+        };
+        let preset = format!("cluster.preset={name}");
+        let sets: Vec<&str> = std::iter::once(preset.as_str())
+            .chain(extra.iter().copied())
+            .collect();
+        let job = ok(SMALL, &sets).job;
         let c = &job.cluster;
         assert_eq!(c.name, name);
-        assert_eq!(c.gpus_per_node, 8);
+        assert_eq!(c.gpus_per_node, gpn);
         assert_eq!((c.nic_latency_us, c.nvlink_latency_us), (5.0, 1.0));
         assert_eq!(
             (c.topology.rail_group_nodes, c.topology.oversubscription),
@@ -1431,6 +1487,25 @@ fn cluster_presets() {
     assert_eq!(
         (b200.nvlink_gbps, b200.nic_gbps, b200.gpu.hbm_tbps),
         (7200.0, 400.0, 8.0)
+    );
+    let nvl = ok(
+        SMALL,
+        &[
+            "cluster.preset=gb200-nvl72",
+            "cluster.nodes=1",
+            "training.global_batch=72",
+        ],
+    )
+    .job
+    .cluster;
+    assert_eq!(
+        (
+            nvl.gpus_per_node,
+            nvl.gpu.peak_tflops_bf16,
+            nvl.nvlink_gbps,
+            nvl.nic_gbps
+        ),
+        (72, 2500.0, 7200.0, 400.0)
     );
     // Inline keys override a preset's figures.
     let c = ok(
