@@ -1,7 +1,7 @@
 //! HuggingFace `config.json` -> [`Model`].
 //!
 //! Accepts the configs of these `model_type`s as they are published: `llama`, `mistral`,
-//! `qwen2`, `mixtral`, `qwen3`, `qwen3_moe`, `gemma2`, `gemma3` (and `gemma3_text`), `phi3`,
+//! `qwen2`, `mixtral`, `qwen3`, `qwen3_moe`, `qwen2_moe` (Qwen1.5-MoE, Qwen2-MoE), `gemma2`, `gemma3` (and `gemma3_text`), `phi3`,
 //! `llama4` (and `llama4_text`), `gpt_oss`, `deepseek_v2`, `deepseek_v3`, `kimi_k2` (DeepSeek-V3's
 //! architecture) and `glm4_moe` (GLM-4.5 and GLM-4.5-Air: DeepSeek-V3's MoE layout with grouped-query
 //! attention instead of MLA). A multimodal config
@@ -60,6 +60,7 @@ pub const SUPPORTED_MODEL_TYPES: &[&str] = &[
     "mixtral",
     "qwen3",
     "qwen3_moe",
+    "qwen2_moe",
     "gemma2",
     "gemma3",
     "gemma3_text",
@@ -159,6 +160,7 @@ fn model_type_from_arch(arch: &str) -> Option<&'static str> {
         "MixtralForCausalLM" => Some("mixtral"),
         "Qwen3ForCausalLM" => Some("qwen3"),
         "Qwen3MoeForCausalLM" => Some("qwen3_moe"),
+        "Qwen2MoeForCausalLM" => Some("qwen2_moe"),
         "Gemma2ForCausalLM" => Some("gemma2"),
         "Gemma3ForCausalLM" => Some("gemma3_text"),
         "Gemma3ForConditionalGeneration" => Some("gemma3"),
@@ -373,7 +375,7 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
     // Routed experts.
     let experts = match family {
         "mixtral" | "llama4" | "gpt_oss" => cfg.num_local_experts,
-        "qwen3_moe" => cfg.num_experts,
+        "qwen3_moe" | "qwen2_moe" => cfg.num_experts,
         "deepseek_v2" | "deepseek_v3" | "glm4_moe" => cfg.n_routed_experts,
         _ => {
             for (k, v) in [
@@ -399,7 +401,7 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
                 (None, None) => req(None, "num_experts_per_tok")?,
             };
             let expert_ffn = match family {
-                "qwen3_moe" | "deepseek_v2" | "deepseek_v3" | "glm4_moe" => {
+                "qwen3_moe" | "qwen2_moe" | "deepseek_v2" | "deepseek_v3" | "glm4_moe" => {
                     req(cfg.moe_intermediate_size, "moe_intermediate_size")?
                 }
                 _ => req(cfg.intermediate_size, "intermediate_size")?,
@@ -426,7 +428,7 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
                         ));
                     }
                 }
-                "qwen3_moe" => {
+                "qwen3_moe" | "qwen2_moe" => {
                     arch.moe_layer_step = cfg.decoder_sparse_step.unwrap_or(1).max(1);
                     if cfg.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
                         return Err(err(
@@ -510,7 +512,7 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
         (Some(w), None | Some(true)) if w > 0 => Some(w),
         _ => None,
     };
-    if matches!(family, "qwen2" | "qwen3" | "qwen3_moe") && window_on.is_some() {
+    if matches!(family, "qwen2" | "qwen3" | "qwen3_moe" | "qwen2_moe") && window_on.is_some() {
         return Err(err(
             "use_sliding_window",
             "Qwen's sliding window on the layers from max_window_layers on is not modelled \

@@ -284,6 +284,7 @@ fn every_family_simulates_from_its_config() {
         ("llama4-maverick.json", 8192, 8, 8),
         ("gpt-oss-120b.json", 4096, 8, 8),
         ("glm-4.5-air.json", 4096, 4, 8),
+        ("qwen1.5-moe-a2.7b.json", 4096, 1, 4),
     ] {
         let path = data(&format!("hf/{file}"));
         let job = format!(
@@ -380,6 +381,30 @@ fn preset_model(name: &str) -> Model {
         .unwrap_or_else(|e| panic!("{name}: {e}"))
         .job
         .model
+}
+
+/// Qwen1.5-MoE-A2.7B (Qwen team 2024, model card: 14.3 B total parameters, 2.7 B activated;
+/// `model_type` `qwen2_moe`): 60 routed experts of width 1408, top-4, plus one shared expert of
+/// width 5632 on every layer, multi-head attention (16 heads), no query/key norms. The fixture
+/// holds the architecture keys of the published config.json.
+#[test]
+fn qwen1_5_moe_a2_7b() {
+    let m = read("hf/qwen1.5-moe-a2.7b.json");
+    assert_eq!(
+        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
+        Some((60, 4, 1408))
+    );
+    assert_eq!(
+        (
+            m.arch.moe_shared_ffn_hidden,
+            m.arch.moe_layer_step,
+            m.moe_layers()
+        ),
+        (5632, 1, 24)
+    );
+    assert!(!m.arch.qk_norm && m.arch.mla.is_none());
+    assert_published("Qwen1.5-MoE-A2.7B total", m.params(), 14.3, 0.01);
+    assert_published("Qwen1.5-MoE-A2.7B active", m.active_params(), 2.7, 0.01);
 }
 
 /// GLM-4.5-Air (Zhipu AI / Z.ai 2025, "GLM-4.5: Agentic, Reasoning, and Coding (ARC) Foundation
