@@ -37,6 +37,11 @@ fn assert_published(what: &str, x: u64, published: f64, tol: f64) {
 
 /// Active parameters in the convention DeepSeek and OpenAI publish: without the input
 /// embedding (a lookup, no matrix multiply), with the output head.
+/// Routed experts, top-k and expert width of `m` (None for a dense model).
+fn experts(m: &Model) -> Option<(u32, u32, u32)> {
+    m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden))
+}
+
 fn active_without_embedding(m: &Model) -> u64 {
     m.active_params_without_input_embedding()
 }
@@ -57,10 +62,7 @@ fn deepseek_v3() {
         ),
         (1536, 512, 128, 64, 128)
     );
-    assert_eq!(
-        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
-        Some((256, 8, 2048))
-    );
+    assert_eq!(experts(&m), Some((256, 8, 2048)));
     assert_eq!(
         (
             m.arch.moe_first_dense_layers,
@@ -115,10 +117,7 @@ fn deepseek_v2() {
 fn qwen3() {
     let m = read("hf/qwen3-235b-a22b.json");
     assert!(m.arch.qk_norm);
-    assert_eq!(
-        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
-        Some((128, 8, 1536))
-    );
+    assert_eq!(experts(&m), Some((128, 8, 1536)));
     assert_published("Qwen3-235B-A22B total", m.params(), 235.0, 0.01);
     assert_published("Qwen3-235B-A22B active", m.active_params(), 22.0, 0.01);
     let d = read("hf/qwen3-8b.json");
@@ -202,10 +201,7 @@ fn llama4_maverick() {
 #[test]
 fn gpt_oss() {
     let m = read("hf/gpt-oss-120b.json");
-    assert_eq!(
-        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
-        Some((128, 4, 2880))
-    );
+    assert_eq!(experts(&m), Some((128, 4, 2880)));
     assert_eq!(
         (m.arch.attention_window, m.arch.attention_global_every),
         (128, 2)
@@ -390,10 +386,7 @@ fn preset_model(name: &str) -> Model {
 #[test]
 fn qwen1_5_moe_a2_7b() {
     let m = read("hf/qwen1.5-moe-a2.7b.json");
-    assert_eq!(
-        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
-        Some((60, 4, 1408))
-    );
+    assert_eq!(experts(&m), Some((60, 4, 1408)));
     assert_eq!(
         (
             m.arch.moe_shared_ffn_hidden,
@@ -416,10 +409,7 @@ fn qwen1_5_moe_a2_7b() {
 #[test]
 fn glm_4_5_air() {
     let m = read("hf/glm-4.5-air.json");
-    assert_eq!(
-        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
-        Some((128, 8, 1408))
-    );
+    assert_eq!(experts(&m), Some((128, 8, 1408)));
     assert_eq!(
         (
             m.heads,
@@ -455,10 +445,7 @@ fn glm_4_5_air() {
 #[test]
 fn kimi_k2() {
     let m = read("hf/kimi-k2.json");
-    assert_eq!(
-        m.moe.as_ref().map(|e| (e.experts, e.top_k, e.ffn_hidden)),
-        Some((384, 8, 2048))
-    );
+    assert_eq!(experts(&m), Some((384, 8, 2048)));
     assert_eq!(
         (m.heads, m.arch.moe_first_dense_layers, m.arch.mtp_depth),
         (64, 1, 0)
