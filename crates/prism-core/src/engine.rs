@@ -430,6 +430,15 @@ pub fn simulate_with_graph(
         None,
     );
     sim.comm = comm_params;
+    if !opts.ideal_network {
+        sim.contention = Some(Contention::new(
+            job,
+            opts.compute
+                .clone()
+                .unwrap_or_else(|| ComputeParams::for_gpu(&job.cluster.gpu)),
+            opts.kernel_table.clone(),
+        ));
+    }
     sim.run()?;
     let (iteration_ps, mut ranks) = sim.finish();
     let t = iteration_ps as f64 * 1e-12;
@@ -865,6 +874,8 @@ struct Sim<'a> {
     full: bool,
     /// Compute durations per program per op (0 for non-compute ops).
     durations: Vec<Vec<SimTime>>,
+    /// Compute slowed by NCCL kernels in flight (jobs with a cost model and a real network).
+    contention: Option<Contention<'a>>,
     insts: Vec<Inst>,
     /// rank -> instance (full mode) ; stage -> instance otherwise.
     inst_of: Vec<u32>,
@@ -928,6 +939,91 @@ type Links = Vec<(LinkId, u32)>;
 
 fn kind_index(kind: GroupKind) -> usize {
     GROUP_KINDS.iter().position(|&k| k == kind).expect("kind")
+}
+
+/// SMs one NCCL collective kernel holds while it runs (or waits for its peers) beside the
+/// computation: its CTAs, one per channel, each filling an SM a GEMM tile can no longer use.
+/// 16 is NCCL's NVLink SHARP channel count on Hopper (`NVLS_NCHANNELS_SM90`,
+/// src/transport/nvls.cc), the usual count of a large collective there.
+pub const NCCL_COLLECTIVE_SMS: u32 = 16;
+
+/// NCCL's bandwidth per point-to-point network channel, GB/s (`NCCL_P2P_PER_CHANNEL_NET_BW`,
+/// src/graph/paths.cc): a send or receive to a peer across the network uses
+/// `max(NICs per GPU, ceil(NIC GB/s / 14))` channels, rounded up to a power of two (4 with one
+/// 400 Gb/s NIC per GPU, 2 with 200 Gb/s).
+pub const NCCL_P2P_CHANNEL_GBPS: f64 = 14.0;
+
+/// SMs a pipeline send or receive kernel holds (see [`NCCL_P2P_CHANNEL_GBPS`]).
+pub fn nccl_p2p_sms(cluster: &Cluster) -> u32 {
+    let gbytes = cluster.nic_gbps / 8.0;
+    let channels = (gbytes / NCCL_P2P_CHANNEL_GBPS).ceil().max(1.0) as u32;
+    channels.next_power_of_two()
+}
+
+/// Compute kernels that start while NCCL kernels of their GPU are in flight run on the SMs
+/// those leave: each busy communication stream holds its kernel's SMs (a collective from its
+/// arrival to its end, a receive from its posting to its message, a send while it moves), and a
+/// chain of kernels is priced for the SMs held when it starts. Communication that reserves its
+/// SMs for the whole run (`parallel.comm_sms`: expert all-to-alls; Transformer Engine
+/// userbuffers under `tp_comm_overlap`, priced on the GEMMs they overlap) adds none here.
+struct Contention<'a> {
+    job: &'a Job,
+    params: ComputeParams,
+    table: Option<KernelTable>,
+    /// SMs held by the kernel of each stream while it is busy.
+    sms: [u32; NUM_STREAMS],
+    /// Compute models with `extra` more SMs held, by `extra`.
+    models: std::collections::BTreeMap<u32, ComputeModel>,
+    /// Durations already priced: (program, op, extra SMs) -> ps. Only looked up, never iterated.
+    cache: std::collections::HashMap<(u32, u32, u32), SimTime>,
+}
+
+impl<'a> Contention<'a> {
+    fn new(job: &'a Job, params: ComputeParams, table: Option<KernelTable>) -> Self {
+        let p = &job.parallel;
+        let coll = NCCL_COLLECTIVE_SMS;
+        let p2p = nccl_p2p_sms(&job.cluster);
+        let mut sms = [0u32; NUM_STREAMS];
+        sms[Stream::Tp as usize] = if p.tp_comm_overlap { 0 } else { coll };
+        sms[Stream::Cp as usize] = coll;
+        sms[Stream::Ep as usize] = if p.comm_sms > 0 { 0 } else { coll };
+        sms[Stream::PpSend as usize] = p2p;
+        sms[Stream::PpRecv as usize] = p2p;
+        sms[Stream::Dp as usize] = coll;
+        Contention {
+            job,
+            params,
+            table,
+            sms,
+            models: std::collections::BTreeMap::new(),
+            cache: std::collections::HashMap::new(),
+        }
+    }
+
+    /// SMs held by the NCCL kernels of the busy streams `busy`.
+    fn held(&self, busy: &[bool; NUM_STREAMS]) -> u32 {
+        (0..NUM_STREAMS)
+            .filter(|&s| busy[s])
+            .map(|s| self.sms[s])
+            .sum()
+    }
+
+    /// Duration of compute op `op` (of program `prog`) with `extra` SMs held by NCCL.
+    fn duration(&mut self, prog: u32, op: u32, c: &crate::ops::ComputeOp, extra: u32) -> SimTime {
+        if let Some(&d) = self.cache.get(&(prog, op, extra)) {
+            return d;
+        }
+        let job = self.job;
+        let (params, table) = (&self.params, &self.table);
+        let model = self.models.entry(extra).or_insert_with(|| {
+            let mut j = job.clone();
+            j.parallel.comm_sms = j.parallel.comm_sms.saturating_add(extra);
+            ComputeModel::new(&j, params.clone(), table.clone())
+        });
+        let d = model.time_ps(c);
+        self.cache.insert((prog, op, extra), d);
+        d
+    }
 }
 
 impl<'a> Sim<'a> {
@@ -1019,6 +1115,7 @@ impl<'a> Sim<'a> {
             hook_error: None,
             full,
             durations,
+            contention: None,
             insts,
             inst_of,
             mail: vec![(NOT_YET, 0); mailbox as usize],
@@ -1610,18 +1707,25 @@ impl<'a> Sim<'a> {
     fn run_kernels(&mut self, inst: u32, first: u32) -> SimTime {
         let p = self.program(inst);
         let compute_ops = &p.stream_ops[Stream::Compute as usize];
-        let durations = &self.durations[self.insts[inst as usize].prog as usize];
+        let prog = self.insts[inst as usize].prog;
+        let durations = &self.durations[prog as usize];
         let i = &mut self.insts[inst as usize];
+        // SMs the NCCL kernels in flight hold as the chain starts.
+        let extra = self.contention.as_ref().map_or(0, |c| c.held(&i.busy));
         let mut op = first;
         let mut start = self.now;
         loop {
+            let base = match (extra, self.contention.as_mut(), p.kind[op as usize]) {
+                (1.., Some(c), OpKind::Compute(k)) => c.duration(prog, op, &k, extra),
+                _ => durations[op as usize],
+            };
             let dur = match (self.opts.perturbation, p.kind[op as usize]) {
                 (Some(pt), OpKind::Compute(c)) => {
                     let f = pt.kernel_factor(i.rank, op, c.class, c.name);
-                    ((durations[op as usize] as f64 * f).round().max(1.0))
-                        .min(crate::units::TIME_LIMIT as f64) as SimTime
+                    ((base as f64 * f).round().max(1.0)).min(crate::units::TIME_LIMIT as f64)
+                        as SimTime
                 }
-                _ => durations[op as usize],
+                _ => base,
             };
             let secs = dur as f64 * 1e-12;
             i.timing.compute_s += secs;

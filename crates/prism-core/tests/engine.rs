@@ -1926,6 +1926,72 @@ fn ecmp_runs_every_rank_and_is_deterministic() {
     assert!(b.summary.iteration_time_s > 0.0);
 }
 
+/// Truth (SM occupancy of NCCL kernels): a compute kernel that starts while NCCL kernels of its
+/// GPU are in flight costs exactly what the cost model gives it with their SMs held (16 per
+/// collective, `NCCL_COLLECTIVE_SMS`; 4 per pipeline send or receive over a 400 Gb/s NIC,
+/// `nccl_p2p_sms`), so every recorded kernel's duration is its price with `k` SMs held for a
+/// `k` that is a sum of busy streams' SMs; with a free network nothing is held and every kernel
+/// costs its plain price; overlapped communication makes some kernels slower and the total
+/// compute time larger.
+#[test]
+fn nccl_kernels_in_flight_hold_sms() {
+    use prism_core::cost::compute::ComputeModel;
+    use prism_core::engine::{NCCL_COLLECTIVE_SMS, nccl_p2p_sms};
+    let job = valid(small_job(2, 2, 2, 32));
+    assert_eq!(nccl_p2p_sms(&job.cluster), 4);
+    let params = ComputeParams::for_gpu(&job.cluster.gpu);
+    let priced = |k: u32| {
+        let mut j = job.clone();
+        j.parallel.comm_sms += k;
+        ComputeModel::new(&j, params.clone(), None)
+    };
+    let sums: Vec<u32> = (0..=(4 * NCCL_COLLECTIVE_SMS + 8) / 4)
+        .map(|i| 4 * i)
+        .collect();
+    let models: Vec<(u32, ComputeModel)> = sums.iter().map(|&k| (k, priced(k))).collect();
+    let held_per_op = |opts: &SimOptions| -> (Vec<u32>, f64) {
+        let r = run(&job, opts);
+        let tl = r
+            .timelines
+            .iter()
+            .find(|t| t.rank == 0)
+            .expect("rank 0 recorded");
+        let prog = &r.graph.programs[0];
+        let mut held = Vec::new();
+        for rec in &tl.ops {
+            if let OpKind::Compute(c) = prog.kind[rec.op as usize] {
+                let d = rec.end - rec.start;
+                let k = models
+                    .iter()
+                    .find(|(_, m)| m.time_ps(&c) == d)
+                    .map(|(k, _)| *k)
+                    .unwrap_or_else(|| panic!("{}: {d} ps is no price with held SMs", c.name));
+                held.push(k);
+            }
+        }
+        (
+            held,
+            r.ranks.iter().find(|t| t.rank == 0).unwrap().compute_s,
+        )
+    };
+    let opts = |ideal: bool| SimOptions {
+        record_ranks: vec![0],
+        ideal_network: ideal,
+        ..SimOptions::default()
+    };
+    let (free, c_free) = held_per_op(&opts(true));
+    assert!(free.iter().all(|&k| k == 0));
+    let (real, c_real) = held_per_op(&opts(false));
+    assert_eq!(real.len(), free.len());
+    let slowed = real.iter().filter(|&&k| k > 0).count();
+    eprintln!(
+        "[nccl sms] {slowed} of {} kernels beside NCCL kernels; compute {c_free:.6} -> {c_real:.6} s",
+        real.len()
+    );
+    assert!(slowed > 0);
+    assert!(c_real > c_free);
+}
+
 /// Truth (Transformer Engine's `initialize_ub` defaults): with `tp_comm_overlap` the GEMMs
 /// overlapped by the `pipeline` method (the forward projections whose outputs are
 /// reduce-scattered: attention output and fc2) and by the `bulk` method (the backward data and

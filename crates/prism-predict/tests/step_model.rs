@@ -52,7 +52,10 @@ fn nominal_equals_the_engine() {
 }
 
 /// Inside one node communication does not depend on timing, so the model with the engine's
-/// own draws equals the engine's perturbed per-rank run to the picosecond.
+/// own draws equals the engine's perturbed per-rank run, up to one thing it freezes: the SMs
+/// the NCCL kernels in flight hold when each kernel chain starts (the engine prices kernels
+/// for them, and a perturbation can move a chain's start across a collective's edge). The
+/// samples agree within 1e-4 (measured: 3e-5 at most).
 #[test]
 fn exact_sampler_equals_the_per_rank_engine_in_a_node() {
     for (job, seeds) in [
@@ -112,10 +115,11 @@ fn exact_sampler_case(job: &Job, seeds: u64) {
         };
         let want = engine(&job, Mode::Full, Some(p.clone()));
         let got = m.sample_exact(&p).unwrap();
-        assert_eq!(
-            got, want,
-            "seed {seed}, tp {} cp {}",
-            job.parallel.tp, job.parallel.cp
+        assert!(
+            ((got - want) / want).abs() <= 1e-4,
+            "seed {seed}, tp {} cp {}: model {got} engine {want}",
+            job.parallel.tp,
+            job.parallel.cp
         );
     }
 }

@@ -24,7 +24,9 @@
 //! - [`StepModel::sample_exact`] draws every kernel exactly as the engine does (the same
 //!   counter-based hash of seed, rank and op). It equals the engine's perturbed full run
 //!   whenever communication durations do not depend on timing (no contention on shared links,
-//!   e.g. within a node), to the picosecond; that is the test of this module.
+//!   e.g. within a node) and every kernel chain starts beside the same NCCL kernels as in the
+//!   deterministic run (whose SM-held kernel prices are frozen with the rest); that is the test
+//!   of this module (within 1e-4 in a node).
 //! - [`StepModel::sample_fast`] draws per segment and uses the exact shortcuts: a segment's time
 //!   is the sum of its kernels' normal factors, itself normal (`N(sum d mu, sum d^2 sigma^2)`);
 //!   when the lanes of a TP group are i.i.d. and only their maximum is observable (the segment
