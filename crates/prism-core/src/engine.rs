@@ -972,11 +972,16 @@ struct Contention<'a> {
     table: Option<KernelTable>,
     /// SMs held by the kernel of each stream while it is busy.
     sms: [u32; NUM_STREAMS],
-    /// Compute models with `extra` more SMs held, by `extra`.
+    /// Compute models with `extra` more SMs held, by `extra` (a few: sums of the streams' SMs).
     models: std::collections::BTreeMap<u32, ComputeModel>,
-    /// Durations already priced: (program, op, extra SMs) -> ps. Only looked up, never iterated.
-    cache: std::collections::HashMap<(u32, u32, u32), SimTime>,
+    /// Direct-mapped memo of priced kernels: slot -> ((program, op, extra) packed, ps). The
+    /// ranks of a stage run the same ops at nearly the same time, so the slot is usually warm;
+    /// a collision only costs a recomputation (prices are pure).
+    memo: Vec<(u64, SimTime)>,
 }
+
+/// Slots of [`Contention::memo`] (a power of two).
+const MEMO_SLOTS: usize = 1 << 16;
 
 impl<'a> Contention<'a> {
     fn new(job: &'a Job, params: ComputeParams, table: Option<KernelTable>) -> Self {
@@ -996,22 +1001,27 @@ impl<'a> Contention<'a> {
             table,
             sms,
             models: std::collections::BTreeMap::new(),
-            cache: std::collections::HashMap::new(),
+            memo: vec![(u64::MAX, 0); MEMO_SLOTS],
         }
     }
 
-    /// SMs held by the NCCL kernels of the busy streams `busy`.
+    /// SMs held by the NCCL kernels of the busy streams `busy` (at most 255, more than any
+    /// GPU has: the cost model keeps one SM for compute whatever is held).
     fn held(&self, busy: &[bool; NUM_STREAMS]) -> u32 {
         (0..NUM_STREAMS)
             .filter(|&s| busy[s])
             .map(|s| self.sms[s])
-            .sum()
+            .fold(0u32, u32::saturating_add)
+            .min(255)
     }
 
-    /// Duration of compute op `op` (of program `prog`) with `extra` SMs held by NCCL.
+    /// Duration of compute op `op` of program `prog` (kernel `c`) with `extra` SMs held by NCCL.
     fn duration(&mut self, prog: u32, op: u32, c: &crate::ops::ComputeOp, extra: u32) -> SimTime {
-        if let Some(&d) = self.cache.get(&(prog, op, extra)) {
-            return d;
+        debug_assert!(prog < 1 << 24 && extra < 1 << 8);
+        let key = (prog as u64) << 40 | (op as u64) << 8 | extra as u64;
+        let slot = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) as usize & (MEMO_SLOTS - 1);
+        if self.memo[slot].0 == key {
+            return self.memo[slot].1;
         }
         let job = self.job;
         let (params, table) = (&self.params, &self.table);
@@ -1021,7 +1031,7 @@ impl<'a> Contention<'a> {
             ComputeModel::new(&j, params.clone(), table.clone())
         });
         let d = model.time_ps(c);
-        self.cache.insert((prog, op, extra), d);
+        self.memo[slot] = (key, d);
         d
     }
 }
