@@ -430,7 +430,11 @@ pub fn simulate_with_graph(
         None,
     );
     sim.comm = comm_params;
-    if !opts.ideal_network {
+    // The SM counts are NCCL's Hopper defaults; Ampere has no NVLink SHARP and its ring channel
+    // count is left unmodelled (its kernels run beside communication at full speed, as before).
+    let hopper_or_later = crate::cost::compute::Generation::of(&job.cluster.gpu)
+        != crate::cost::compute::Generation::Ampere;
+    if !opts.ideal_network && hopper_or_later {
         sim.contention = Some(Contention::new(
             job,
             opts.compute
@@ -947,21 +951,16 @@ fn kind_index(kind: GroupKind) -> usize {
 /// src/transport/nvls.cc), the usual count of a large collective there.
 pub const NCCL_COLLECTIVE_SMS: u32 = 16;
 
-/// NCCL's bandwidth per point-to-point network channel, GB/s (`NCCL_P2P_PER_CHANNEL_NET_BW`,
-/// src/graph/paths.cc): a send or receive to a peer across the network uses
-/// `max(NICs per GPU, ceil(NIC GB/s / 14))` channels, rounded up to a power of two (4 with one
-/// 400 Gb/s NIC per GPU, 2 with 200 Gb/s).
-pub const NCCL_P2P_CHANNEL_GBPS: f64 = 14.0;
-
-/// SMs a pipeline send or receive kernel holds (see [`NCCL_P2P_CHANNEL_GBPS`]).
-pub fn nccl_p2p_sms(cluster: &Cluster) -> u32 {
-    let gbytes = cluster.nic_gbps / 8.0;
-    let channels = (gbytes / NCCL_P2P_CHANNEL_GBPS).ceil().max(1.0) as u32;
-    channels.next_power_of_two()
-}
+/// SMs one NCCL pipeline send or receive kernel holds: NCCL gives a peer across the network
+/// `max(NICs per GPU, ceil(NIC GB/s / 14))` channels (`NCCL_P2P_PER_CHANNEL_NET_BW` = 14 GB/s,
+/// src/graph/paths.cc), rounded up to a power of two: 4 with one 400 Gb/s NIC per GPU, as on
+/// every H100 cluster of the calibration set. Prism keeps 4 whatever `cluster.nic_gbps` says
+/// (NCCL gives 2 at 200 Gb/s and 8 at 800 Gb/s), so that a faster network never slows the
+/// computation beside it in the model.
+pub const NCCL_P2P_SMS: u32 = 4;
 
 /// Compute kernels that start while NCCL kernels of their GPU are in flight run on the SMs
-/// those leave: each busy communication stream holds its kernel's SMs (a collective from its
+/// those leave (Hopper and later, whose NCCL defaults the counts are): each busy communication stream holds its kernel's SMs (a collective from its
 /// arrival to its end, a receive from its posting to its message, a send while it moves), and a
 /// chain of kernels is priced for the SMs held when it starts. Communication that reserves its
 /// SMs for the whole run (`parallel.comm_sms`: expert all-to-alls; Transformer Engine
@@ -987,7 +986,7 @@ impl<'a> Contention<'a> {
     fn new(job: &'a Job, params: ComputeParams, table: Option<KernelTable>) -> Self {
         let p = &job.parallel;
         let coll = NCCL_COLLECTIVE_SMS;
-        let p2p = nccl_p2p_sms(&job.cluster);
+        let p2p = NCCL_P2P_SMS;
         let mut sms = [0u32; NUM_STREAMS];
         sms[Stream::Tp as usize] = if p.tp_comm_overlap { 0 } else { coll };
         sms[Stream::Cp as usize] = coll;

@@ -1928,17 +1928,16 @@ fn ecmp_runs_every_rank_and_is_deterministic() {
 
 /// Truth (SM occupancy of NCCL kernels): a compute kernel that starts while NCCL kernels of its
 /// GPU are in flight costs exactly what the cost model gives it with their SMs held (16 per
-/// collective, `NCCL_COLLECTIVE_SMS`; 4 per pipeline send or receive over a 400 Gb/s NIC,
-/// `nccl_p2p_sms`), so every recorded kernel's duration is its price with `k` SMs held for a
+/// collective, `NCCL_COLLECTIVE_SMS`; 4 per pipeline send or receive, `NCCL_P2P_SMS`), so every recorded kernel's duration is its price with `k` SMs held for a
 /// `k` that is a sum of busy streams' SMs; with a free network nothing is held and every kernel
 /// costs its plain price; overlapped communication makes some kernels slower and the total
 /// compute time larger.
 #[test]
 fn nccl_kernels_in_flight_hold_sms() {
     use prism_core::cost::compute::ComputeModel;
-    use prism_core::engine::{NCCL_COLLECTIVE_SMS, nccl_p2p_sms};
+    use prism_core::engine::{NCCL_COLLECTIVE_SMS, NCCL_P2P_SMS};
     let job = valid(small_job(2, 2, 2, 32));
-    assert_eq!(nccl_p2p_sms(&job.cluster), 4);
+    assert_eq!(NCCL_P2P_SMS, 4);
     let params = ComputeParams::for_gpu(&job.cluster.gpu);
     let priced = |k: u32| {
         let mut j = job.clone();
