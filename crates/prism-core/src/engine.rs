@@ -347,13 +347,11 @@ pub fn simulate_with_graph(
             return Err(SimError::NoSuchRank { rank: r, ranks: n });
         }
     }
-    let compute = ComputeModel::new(
-        job,
-        opts.compute
-            .clone()
-            .unwrap_or_else(|| ComputeParams::for_gpu(&job.cluster.gpu)),
-        opts.kernel_table.clone(),
-    );
+    let compute_params = opts
+        .compute
+        .clone()
+        .unwrap_or_else(|| ComputeParams::for_gpu(&job.cluster.gpu));
+    let compute = ComputeModel::new(job, compute_params.clone(), opts.kernel_table.clone());
     let comm_params = opts
         .comm
         .clone()
@@ -437,9 +435,7 @@ pub fn simulate_with_graph(
     if !opts.ideal_network && hopper_or_later {
         sim.contention = Some(Contention::new(
             job,
-            opts.compute
-                .clone()
-                .unwrap_or_else(|| ComputeParams::for_gpu(&job.cluster.gpu)),
+            compute_params,
             opts.kernel_table.clone(),
         ));
     }
