@@ -1018,12 +1018,9 @@ impl<'a> Contention<'a> {
         if self.memo[slot].0 == key {
             return self.memo[slot].1;
         }
-        let job = self.job;
-        let (params, table) = (&self.params, &self.table);
+        let (job, params, table) = (self.job, &self.params, &self.table);
         let model = self.models.entry(extra).or_insert_with(|| {
-            let mut j = job.clone();
-            j.parallel.comm_sms = j.parallel.comm_sms.saturating_add(extra);
-            ComputeModel::new(&j, params.clone(), table.clone())
+            ComputeModel::with_extra_sms(job, params.clone(), table.clone(), extra)
         });
         let d = model.time_ps(c);
         self.memo[slot] = (key, d);

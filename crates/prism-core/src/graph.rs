@@ -957,13 +957,10 @@ impl<'a> StageBuilder<'a> {
     /// deepest module's output (the message to the loss stage follows it).
     fn mtp_modules_forward(&mut self, mb: u32, input: Option<u32>) -> u32 {
         let mut cur = input;
-        let mut last = None;
         for k in 0..self.job.model.arch.mtp_depth {
-            let out = self.mtp_module_forward(mb, k, cur);
-            cur = Some(out);
-            last = Some(out);
+            cur = Some(self.mtp_module_forward(mb, k, cur));
         }
-        last.expect("a standalone MTP stage runs at least one module")
+        cur.expect("a standalone MTP stage follows a layer or receive")
     }
 
     /// Multi-token-prediction modules (DeepSeek-V3 Sec. 2.2) on the last stage, after the main

@@ -1406,12 +1406,17 @@ impl Getter<'_> {
         if value <= max {
             return Ok(());
         }
+        Err(self.error_at(key, format!("must be at most {max} (got {value}; {why})")))
+    }
+
+    /// An error on `key` that broke `rule`: at its value when the section gives it, else at
+    /// the key alone (a default or derived value).
+    fn error_at(&self, key: &str, rule: impl Into<String>) -> JobFileError {
         let dotted = self.dotted(key);
-        let rule = format!("must be at most {max} (got {value}; {why})");
-        Err(match self.entry(key) {
+        match self.entry(key) {
             Some(e) => self.ctx.at_value(&e.src, &dotted, rule),
             None => self.ctx.error(Some(&dotted), rule),
-        })
+        }
     }
 }
 
@@ -2517,9 +2522,7 @@ fn build_parallel(
     let per_chunk = match g.u32(per_chunk_key)? {
         None => None,
         Some(n) => {
-            let dotted = format!("parallel.{per_chunk_key}");
-            let e = g.entry(per_chunk_key).expect("u32() returned Some");
-            let fail = |rule: String| ctx.at_value(&e.src, &dotted, rule);
+            let fail = |rule: String| g.error_at(per_chunk_key, rule);
             if g.entry("vpp").is_some() {
                 return Err(fail(
                     "cannot be combined with parallel.vpp (Megatron's \
@@ -2571,7 +2574,7 @@ fn build_parallel(
         }
         (None, _) => 1,
     };
-    let pipeline_layout = accounted_split(&g, ctx, sources, pipeline_layout, model, pp, vpp)?;
+    let pipeline_layout = accounted_split(&g, sources, pipeline_layout, model, pp, vpp)?;
     let micro_batch = g.u32("micro_batch")?.unwrap_or(1);
     let given_dp = g.u32("dp")?;
 
@@ -2616,14 +2619,13 @@ fn build_parallel(
     for (k, v) in [("tp", tp), ("pp", pp), ("cp", cp), ("dp", dp)] {
         product *= u64::from(v);
         if product > gpus {
-            let dotted = format!("parallel.{k}");
-            let rule = format!(
-                "tp x pp x cp x dp grows past the GPU count {gpus} (product {product} at `{k}`)"
-            );
-            return Err(match g.entry(k) {
-                Some(e) => ctx.at_value(&e.src, &dotted, rule),
-                None => ctx.error(Some(&dotted), rule),
-            });
+            return Err(g.error_at(
+                k,
+                format!(
+                    "tp x pp x cp x dp grows past the GPU count {gpus} (product {product} at \
+                     `{k}`)"
+                ),
+            ));
         }
     }
     // Every (virtual) pipeline stage needs a layer: keeps pp x vpp (u32 in validate) in range.
@@ -3027,7 +3029,6 @@ fn build_wan(
 /// asserts. Returns `layout` unchanged when neither key is set.
 fn accounted_split(
     g: &Getter<'_>,
-    ctx: &Ctx<'_>,
     sources: &mut Sources,
     layout: Option<PipelineLayout>,
     model: &Model,
@@ -3043,10 +3044,7 @@ fn accounted_split(
     }
     let key = if e { emb_key } else { loss_key };
     let dotted = format!("parallel.{key}");
-    let fail = |rule: String| match g.entry(key) {
-        Some(en) => ctx.at_value(&en.src, &dotted, rule),
-        None => ctx.error(Some(&dotted), rule),
-    };
+    let fail = |rule: String| g.error_at(key, rule);
     if layout.is_some() {
         return Err(fail(
             "cannot be combined with parallel.pipeline_layout (the layout already places the \

@@ -479,12 +479,27 @@ impl ComputeModel {
     /// # Panics
     /// If `params` fails [`ComputeParams::validate`] (callers validate parameters they read).
     pub fn new(job: &Job, params: ComputeParams, table: Option<KernelTable>) -> Self {
+        Self::with_extra_sms(job, params, table, 0)
+    }
+
+    /// [`ComputeModel::new`] with `extra` SMs held by communication kernels on top of the
+    /// job's own (`parallel.comm_sms`, and the userbuffers margin): the engine prices kernels
+    /// that start beside NCCL kernels with it.
+    ///
+    /// # Panics
+    /// As [`ComputeModel::new`].
+    pub fn with_extra_sms(
+        job: &Job,
+        params: ComputeParams,
+        table: Option<KernelTable>,
+        extra: u32,
+    ) -> Self {
         if let Err(e) = params.validate() {
             panic!("invalid compute parameters: {e}");
         }
-        let reserved = job.parallel.comm_sms;
+        let reserved = job.parallel.comm_sms.saturating_add(extra);
         let margin = job.parallel.tp_comm_overlap.then(|| {
-            let held = reserved + UB_COMM_SMS;
+            let held = reserved.saturating_add(UB_COMM_SMS);
             Box::new(Self::with_reserved_sms(
                 job,
                 params.clone(),
