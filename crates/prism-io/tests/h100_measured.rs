@@ -142,8 +142,9 @@ fn bf16_gemms_match_the_calibrated_model() {
     }
     let s = print_stats("bf16, every layout", &all);
     assert!(s.n >= 150, "{} BF16 GEMM rows", s.n);
-    // The model was fitted on multi-day runs at the sustained clock (clock_factor 0.869); a
-    // benchmark of seconds runs at the boost clock, so the model may be slower, not faster.
+    // The model was fitted on published multi-thousand-GPU runs (clock_factor 0.875), whose
+    // losses at scale it absorbs, so it may be slower than one GPU, not faster (the benchmark
+    // does run at the sustained power-capped clock: `sustained_gemm_throughput_...` below).
     assert!(
         s.median > -0.05 && s.median < 0.20,
         "median error {:+.3}",
@@ -518,4 +519,223 @@ fn h200_kernels_against_the_h100_parameters() {
         g.median
     );
     assert!(f.mean_abs < 0.25 && b.mean_abs < 0.35);
+}
+
+/// One row of `contention.csv` (`python/h100bench/contention.py`): a kernel timed alone and
+/// beside a stand-in of an NCCL kernel (640-thread blocks with NCCL's 80 KB of shared memory)
+/// on `sms` SMs.
+struct Beside {
+    kernel: String,
+    shape: (u64, u64, u64),
+    interferer: String,
+    sms: u32,
+    alone_us: f64,
+    beside_us: f64,
+}
+
+fn contention_rows() -> Vec<Beside> {
+    let path = dir().join("contention.csv");
+    let mut r = csv::Reader::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
+    r.records()
+        .map(|rec| {
+            let rec = rec.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let num = |i: usize| -> f64 { rec[i].parse().expect("number") };
+            Beside {
+                kernel: rec[0].to_string(),
+                shape: (num(1) as u64, num(2) as u64, num(3) as u64),
+                interferer: rec[4].to_string(),
+                sms: num(5) as u32,
+                alone_us: num(6),
+                beside_us: num(7),
+            }
+        })
+        .collect()
+}
+
+/// What the engine charges a kernel that starts beside NCCL kernels holding `k` SMs
+/// (`ComputeModel::with_extra_sms`, `engine::NCCL_COLLECTIVE_SMS` and `NCCL_P2P_SMS`),
+/// against what such a kernel measured on the H100. Per Llama layer (the time-weighted
+/// slowdown of its GEMMs, and of cuDNN attention forward and backward): the model's
+/// proportional share `132 / (132 - k)` is the mean of four kernel sets whose cuBLAS kernels
+/// scatter around it (persistent grids lose a whole wave to one held SM; large GEMMs at the
+/// power cap regain clock on the SMs left).
+#[test]
+fn kernels_beside_an_nccl_stand_in_match_the_held_sm_model() {
+    use prism_core::engine::{NCCL_COLLECTIVE_SMS, NCCL_P2P_SMS};
+    let rows = contention_rows();
+    let job = step_job();
+    let plain = model(&job, Precision::Bf16);
+    let sets: [(&str, &str, &[(u64, u64, u64)]); 4] = [
+        (
+            "Llama 3 405B TP 8 GEMMs",
+            "gemm",
+            &[
+                (8192, 2304, 16384),
+                (8192, 16384, 2048),
+                (8192, 13312, 16384),
+                (8192, 16384, 6656),
+            ],
+        ),
+        (
+            "Llama 3 70B TP 8 GEMMs",
+            "gemm",
+            &[
+                (8192, 1280, 8192),
+                (8192, 8192, 1024),
+                (8192, 7168, 8192),
+                (8192, 8192, 3584),
+            ],
+        ),
+        (
+            "Llama 3 8B TP 1 GEMMs",
+            "gemm",
+            &[(8192, 6144, 4096), (8192, 28672, 4096), (8192, 4096, 14336)],
+        ),
+        ("cuDNN attention fwd + bwd", "attn", &[(8192, 8192, 128)]),
+    ];
+    let work_of = |kernel: &str, (m, n, k): (u64, u64, u64)| -> (OpClass, Work) {
+        match kernel {
+            "gemm" => (OpClass::Gemm, Work::Gemm { m, n, k, batch: 1 }),
+            _ => (
+                OpClass::Attention,
+                Work::Attention {
+                    batch: 1,
+                    heads: 16,
+                    seq_q: m,
+                    seq_kv: n,
+                    head_dim: k,
+                    causal: true,
+                    window: 0,
+                    backward: kernel == "attn_bwd",
+                },
+            ),
+        }
+    };
+    println!("\nH100 kernels beside an NCCL stand-in on k SMs: slowdown measured / model");
+    for (interferer, k) in [
+        ("copy", NCCL_P2P_SMS),
+        ("copy", NCCL_COLLECTIVE_SMS),
+        ("copy", 32),
+        ("hold", 66),
+    ] {
+        let mut held = job.clone();
+        held.training.precision = Precision::Bf16;
+        let beside = ComputeModel::with_extra_sms(&held, ComputeParams::h100(), None, k);
+        let mut measured = Vec::new();
+        let mut modelled = Vec::new();
+        for (name, family, shapes) in sets {
+            let (mut alone, mut meas, mut modl) = (0.0, 0.0, 0.0);
+            for r in rows.iter().filter(|r| {
+                r.kernel.starts_with(family)
+                    && shapes.contains(&r.shape)
+                    && r.interferer == interferer
+                    && r.sms == k
+            }) {
+                let (class, work) = work_of(&r.kernel, r.shape);
+                let ratio = predicted_us(&beside, class, work) / predicted_us(&plain, class, work);
+                alone += r.alone_us;
+                meas += r.beside_us;
+                modl += r.alone_us * ratio;
+            }
+            assert!(alone > 0.0, "{name}: no {interferer} row at {k} SMs");
+            println!(
+                "  {interferer:4} k {k:2}  {name:28} measured x{:.3}  model x{:.3}",
+                meas / alone,
+                modl / alone
+            );
+            measured.push(meas / alone);
+            modelled.push(modl / alone);
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let (mm, md) = (mean(&measured), mean(&modelled));
+        println!(
+            "  {interferer:4} k {k:2}  mean of the four sets          measured x{mm:.3}  model x{md:.3}"
+        );
+        if k <= NCCL_COLLECTIVE_SMS {
+            // At NCCL's own SM counts the proportional model is the mean of the kernel sets...
+            assert!(
+                (md - mm).abs() < 0.03,
+                "k {k}: model {md:.3}, measured {mm:.3}"
+            );
+            // ...and no set is more than 15% off it.
+            for (a, b) in measured.iter().zip(&modelled) {
+                assert!((a - b).abs() < 0.15, "k {k}: model {b:.3}, measured {a:.3}");
+            }
+        } else {
+            // Beyond them the model is pessimistic on the mean, more so the more SMs are held
+            // (the SMs left run faster under the 700 W cap: x1.676 measured, x2 modelled with
+            // half the GPU held), but still within 15% on every set at 32 SMs.
+            assert!(
+                mm < md && mm > 1.0,
+                "k {k}: model {md:.3}, measured {mm:.3}"
+            );
+            for (a, b) in measured.iter().zip(&modelled) {
+                let tol = if k <= 32 { 0.15 } else { 0.40 };
+                assert!((a - b).abs() < tol, "k {k}: model {b:.3}, measured {a:.3}");
+            }
+        }
+    }
+    // Memory-bound kernels beside an NCCL kernel streaming memory lose a few per cent of
+    // their bandwidth, which the model does not charge (it holds HBM bandwidth constant).
+    for kernel in ["copy", "rmsnorm"] {
+        let r = rows
+            .iter()
+            .find(|r| r.kernel == kernel && r.interferer == "copy" && r.sms == NCCL_COLLECTIVE_SMS)
+            .expect("memory-bound row");
+        let slow = r.beside_us / r.alone_us;
+        println!("  copy k 16  {kernel:28} measured x{slow:.3}  model x1.000");
+        assert!(slow > 1.0 && slow < 1.12, "{kernel}: x{slow:.3}");
+    }
+}
+
+/// The largest Llama 3 405B GEMM run back to back for a minute: throughput holds at the power
+/// cap's clock from the first second on, so a benchmark of seconds measures the sustained rate.
+#[test]
+fn sustained_gemm_throughput_holds_at_the_power_cap() {
+    let path = dir().join("sustained.csv");
+    let mut r = csv::Reader::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
+    let rows: Vec<(f64, f64, f64, f64)> = r
+        .records()
+        .map(|rec| {
+            let rec = rec.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let n = |i: usize| -> f64 { rec[i].parse().expect("number") };
+            (n(0), n(1), n(2), n(3))
+        })
+        .collect();
+    assert!(rows.len() >= 50, "{} samples", rows.len());
+    let mut tf: Vec<f64> = rows.iter().map(|r| r.1).collect();
+    tf.sort_by(f64::total_cmp);
+    let median = tf[tf.len() / 2];
+    let first = rows[0].1;
+    let last = rows[rows.len() - 1].1;
+    let mut clk: Vec<f64> = rows.iter().map(|r| r.2).collect();
+    clk.sort_by(f64::total_cmp);
+    let mut pw: Vec<f64> = rows.iter().map(|r| r.3).collect();
+    pw.sort_by(f64::total_cmp);
+    println!(
+        "\nH100 8192x13312x16384 BF16 GEMM for {:.0} s: median {median:.1} TFLOP/s (first second \
+         {first:.1}, last {last:.1}), SM clock median {:.0} MHz of 1980, power median {:.0} W of 700",
+        rows[rows.len() - 1].0,
+        clk[clk.len() / 2],
+        pw[pw.len() / 2]
+    );
+    assert!((first - median).abs() / median < 0.02);
+    assert!((last - median).abs() / median < 0.02);
+    // Power-capped, not boosting: well under the 1,980 MHz maximum at the 700 W limit.
+    assert!(clk[clk.len() / 2] < 0.8 * 1980.0);
+    assert!(pw[pw.len() / 2] > 0.97 * 700.0);
+    // The calibrated model prices this GEMM within 10% of the sustained rate.
+    let job = step_job();
+    let m = model(&job, Precision::Bf16);
+    let work = Work::Gemm {
+        m: 8192,
+        n: 13312,
+        k: 16384,
+        batch: 1,
+    };
+    let model_tflops =
+        2.0 * 8192.0 * 13312.0 * 16384.0 / predicted_us(&m, OpClass::Gemm, work) / 1e6;
+    let e = model_tflops / median - 1.0;
+    println!("  model {model_tflops:.1} TFLOP/s ({:+.1}%)", 100.0 * e);
+    assert!(e < 0.0 && e > -0.10, "{e:+.3}");
 }
