@@ -533,6 +533,9 @@ struct Beside {
     beside_us: f64,
 }
 
+/// A GEMM's `(m, n, k)`, or an attention's `(seq_q, seq_kv, head_dim)`.
+type Mnk = (u64, u64, u64);
+
 fn contention_rows() -> Vec<Beside> {
     let path = dir().join("contention.csv");
     let mut r = csv::Reader::from_path(&path).unwrap_or_else(|e| panic!("{e}"));
@@ -565,7 +568,7 @@ fn kernels_beside_an_nccl_stand_in_match_the_held_sm_model() {
     let rows = contention_rows();
     let job = step_job();
     let plain = model(&job, Precision::Bf16);
-    let sets: [(&str, &str, &[(u64, u64, u64)]); 4] = [
+    let sets: [(&str, &str, &[Mnk]); 4] = [
         (
             "Llama 3 405B TP 8 GEMMs",
             "gemm",
