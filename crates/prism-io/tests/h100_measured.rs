@@ -319,15 +319,14 @@ fn memory_bound_kernels_stream_at_the_calibrated_bandwidth() {
     }
 }
 
-#[test]
-fn the_measured_training_step_is_predicted() {
-    let job = step_job();
-    let opts = SimOptions {
-        record_ranks: vec![0],
-        ..SimOptions::default()
-    };
-    let r = simulate(&job, &opts).unwrap_or_else(|e| panic!("{e}"));
-    // Kernel time by class: the simulated GPU's against the profiled step's (Kineto trace).
+/// Simulated kernel seconds by class.
+type SimClasses = std::collections::BTreeMap<&'static str, f64>;
+/// Measured kernel count and seconds by class.
+type MeasuredClasses = std::collections::BTreeMap<&'static str, (usize, f64)>;
+
+/// Kernel time by class, seconds: rank 0 of the simulated run `r`, and the Kineto trace
+/// `trace` of `validation/h100/` (seconds and kernel counts); both printed.
+fn class_table(r: &prism_core::SimResult, trace: &str) -> (SimClasses, MeasuredClasses) {
     let mut sim: std::collections::BTreeMap<&str, f64> = Default::default();
     let prog = r.graph.program_of(0);
     for rec in &r.timelines[0].ops {
@@ -335,8 +334,7 @@ fn the_measured_training_step_is_predicted() {
             *sim.entry(c.class.name()).or_default() += (rec.end - rec.start) as f64 * 1e-12;
         }
     }
-    let trace = prism_io::kineto::read_kineto(&dir().join("step_trace.json.gz"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let trace = prism_io::kineto::read_kineto(&dir().join(trace)).unwrap_or_else(|e| panic!("{e}"));
     let measured_classes = prism_io::kineto::class_totals(&trace);
     println!("\nkernel time by class, one step: class, measured ms (kernels), Prism ms");
     let mut names: Vec<&str> = sim.keys().copied().collect();
@@ -351,6 +349,18 @@ fn the_measured_training_step_is_predicted() {
             sim.get(n).copied().unwrap_or(0.0) * 1e3
         );
     }
+    (sim, measured_classes)
+}
+
+#[test]
+fn the_measured_training_step_is_predicted() {
+    let job = step_job();
+    let opts = SimOptions {
+        record_ranks: vec![0],
+        ..SimOptions::default()
+    };
+    let r = simulate(&job, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let (sim, measured_classes) = class_table(&r, "step_trace.json.gz");
     // GEMMs are 61% of the measured kernel time. The calibrated model (sustained clock of
     // multi-day runs) prices them slower than this fresh GPU ran them, by less than 30%.
     let g_meas = measured_classes["gemm"].1;
@@ -741,4 +751,67 @@ fn sustained_gemm_throughput_holds_at_the_power_cap() {
     let e = model_tflops / median - 1.0;
     println!("  model {model_tflops:.1} TFLOP/s ({:+.1}%)", 100.0 * e);
     assert!(e < 0.0 && e > -0.10, "{e:+.3}");
+}
+
+/// One data-parallel rank of Megatron-Core's 2024 "1.7B" GPT (validation case
+/// `mcore24_weak_1`: four micro-batches of one 4,096-token sequence, without the data-parallel
+/// communication) measured on the H100 by `python/h100bench/gpt_step.py`: plain PyTorch, and
+/// each layer under torch.compile, cuDNN attention, fused AdamW (`validation/h100/gpt_step.json`,
+/// the compiled step's Kineto trace `gpt_step_trace.json.gz`, the job `gpt-1.7b-step.toml`).
+/// Prism predicts the step within a few per cent, so its 17% optimism on the published
+/// 48-GPU run (docs/validation.md) is not in the kernels of a rank.
+#[test]
+fn the_measured_megatron_1_7b_rank_step_is_predicted() {
+    let job = prism_io::jobfile::load_job_file(&dir().join("gpt-1.7b-step.toml"), &[])
+        .unwrap_or_else(|e| panic!("{e}"))
+        .job;
+    let opts = SimOptions {
+        record_ranks: vec![0],
+        ..SimOptions::default()
+    };
+    let r = simulate(&job, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let (sim, measured_classes) = class_table(&r, "gpt_step_trace.json.gz");
+    let text = std::fs::read_to_string(dir().join("gpt_step.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let predicted = r.summary.iteration_time_s;
+    for variant in ["eager", "compiled"] {
+        let measured = v[variant]["median_s"].as_f64().unwrap();
+        println!(
+            "measured {variant} step: {:.1} ms (forward + backward {:.1}, optimizer {:.1}); \
+             Prism {:.1} ms ({:+.1}%)",
+            measured * 1e3,
+            v[variant]["fwd_bwd_median_s"].as_f64().unwrap() * 1e3,
+            v[variant]["optimizer_median_s"].as_f64().unwrap() * 1e3,
+            predicted * 1e3,
+            100.0 * err(predicted, measured)
+        );
+        assert!(
+            err(predicted, measured).abs() < 0.06,
+            "{variant}: {predicted} vs {measured}"
+        );
+    }
+    // The PyTorch model carries biases, LayerNorm shifts and learned positions that Prism's
+    // GPT leaves out: 0.8% of the parameters.
+    let params = v["compiled"]["params"].as_f64().unwrap();
+    let e = err(job.model.params() as f64, params);
+    println!(
+        "parameters: measured model {params}, Prism {} ({:+.2}%)",
+        job.model.params(),
+        100.0 * e
+    );
+    assert!(e < 0.0 && e > -0.01, "{e}");
+    // By class the agreement is partly compensation, as on the Llama step: the GEMMs (52% of
+    // the kernel time) are priced 28% slower than they ran (the calibrated clock factor),
+    // PyTorch's elementwise kernels (2,732, fused by Megatron-Core) took 2.5x the model's.
+    let (gm, gs) = (measured_classes["gemm"].1, sim["gemm"]);
+    assert!(
+        err(gs, gm) > 0.0 && err(gs, gm) < 0.35,
+        "GEMMs: Prism {gs} s, measured {gm} s"
+    );
+    let (am, asim) = (measured_classes["attention"].1, sim["attention"]);
+    assert!(
+        err(asim, am).abs() < 0.10,
+        "attention: Prism {asim} s, measured {am} s"
+    );
+    assert!(sim["elementwise"] < measured_classes["elementwise"].1);
 }
