@@ -424,6 +424,12 @@ fn print_published(
             r.error_expected_pct
         )?;
     }
+    if p.attention_flops == prism_io::jobfile::AttentionFlops::Causal {
+        writeln!(
+            out,
+            "    (model FLOPs as published: causal attention counted by its unmasked half)"
+        )?;
+    }
     writeln!(
         out,
         "    (error: + means Prism predicts a faster run than published)"

@@ -238,6 +238,39 @@ fn allow_oom_simulates_anyway() {
     assert!(v["peak_memory_bytes"].as_f64().unwrap() > 80.0 * (1u64 << 30) as f64);
 }
 
+/// `published.attention_flops`: `"full"` compares Prism's Megatron-convention figures as they
+/// are; a value other than the two is refused, naming the key and the choices.
+#[test]
+fn published_attention_flops_selects_the_convention() {
+    let o = prism(&[
+        "simulate",
+        "--reduced",
+        "--json",
+        "--set",
+        "published.attention_flops=full",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["published"]["attention_flops"], "full");
+    assert_eq!(
+        v["published"]["tflops_per_gpu"]["predicted"],
+        v["model_tflops_per_gpu"]
+    );
+    assert_eq!(v["published"]["mfu"]["predicted"], v["mfu"]);
+    let bad = prism(&[
+        "simulate",
+        "--reduced",
+        "--set",
+        "published.attention_flops=half",
+    ]);
+    assert!(!bad.status.success());
+    let e = stderr(&bad);
+    assert!(
+        e.contains("published.attention_flops") && e.contains("causal"),
+        "{e}"
+    );
+}
+
 /// The embedded example carries Meta's published figure: `--json` reports it beside the
 /// prediction with the signed error computed from the two values, and the text report prints it.
 #[test]
@@ -247,8 +280,18 @@ fn the_published_figure_is_reported_beside_the_prediction() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let t = &v["published"]["tflops_per_gpu"];
     assert_eq!(t["published"], 400.0);
-    assert_eq!(t["predicted"], v["model_tflops_per_gpu"]);
-    assert_eq!(t["predicted_expected"], v["expected_model_tflops_per_gpu"]);
+    // Meta's figures count the causal attention's unmasked half (the preset says why): Prism's
+    // full-count TFLOP/s scaled by mfu_causal / mfu, which is below 1.
+    assert_eq!(v["published"]["attention_flops"], "causal");
+    let f = |k: &str| v[k].as_f64().unwrap();
+    let conv = f("mfu_causal") / f("mfu");
+    assert!(conv > 0.9 && conv < 1.0, "{conv}");
+    let close = |a: &serde_json::Value, b: f64| (a.as_f64().unwrap() - b).abs() < 1e-9 * b;
+    assert!(close(&t["predicted"], f("model_tflops_per_gpu") * conv));
+    assert!(close(
+        &t["predicted_expected"],
+        f("expected_model_tflops_per_gpu") * conv
+    ));
     let (pred, err) = (
         t["predicted"].as_f64().unwrap(),
         t["error_pct"].as_f64().unwrap(),

@@ -349,6 +349,7 @@ const PUBLISHED_FIELDS: &[Field] = &[
     fld("tflops_per_gpu", Ty::F64),
     fld("mfu", Ty::F64),
     fld("iteration_time_s", Ty::F64),
+    fld("attention_flops", Ty::Str),
 ];
 
 const VARIABILITY_FIELDS: &[Field] = &[
@@ -1793,12 +1794,34 @@ fn build_resilience(
 pub struct Published {
     /// Where the figures come from.
     pub source: Option<String>,
-    /// Model TFLOP/s per GPU (Megatron's convention: causal attention counted in full).
+    /// Model TFLOP/s per GPU, counted as `attention_flops` says.
     pub tflops_per_gpu: Option<f64>,
-    /// Model FLOPs utilisation, as a fraction.
+    /// Model FLOPs utilisation, as a fraction (counted as `attention_flops` says).
     pub mfu: Option<f64>,
     /// Seconds per iteration.
     pub iteration_time_s: Option<f64>,
+    /// How the published model FLOPs count a causal attention.
+    pub attention_flops: AttentionFlops,
+}
+
+/// How a published model-FLOP figure counts a causal attention's score and value products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionFlops {
+    /// In full, as if unmasked: Megatron-LM's and PaLM's formula (Prism's `mfu`).
+    #[default]
+    Full,
+    /// Only the unmasked half that a causal kernel computes (Prism's `mfu_causal`).
+    Causal,
+}
+
+impl AttentionFlops {
+    /// The job-file spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionFlops::Full => "full",
+            AttentionFlops::Causal => "causal",
+        }
+    }
 }
 
 fn build_published(ctx: &Ctx<'_>, doc: &Doc) -> Result<Option<Published>, JobFileError> {
@@ -1819,6 +1842,15 @@ fn build_published(ctx: &Ctx<'_>, doc: &Doc) -> Result<Option<Published>, JobFil
             "must be a fraction in (0, 1]",
         )?,
         iteration_time_s: g.f64_where("iteration_time_s", positive, "must be positive")?,
+        attention_flops: g
+            .choice(
+                "attention_flops",
+                &[
+                    ("full", AttentionFlops::Full),
+                    ("causal", AttentionFlops::Causal),
+                ],
+            )?
+            .unwrap_or_default(),
     };
     Ok(Some(p))
 }

@@ -191,16 +191,23 @@ pub fn published_rows(
     p: &crate::jobfile::Published,
     s: &prism_core::report::Summary,
 ) -> Vec<PublishedRow> {
+    // Prism's model FLOPs in the figure's convention: the causal count is the full one times
+    // `mfu_causal / mfu` (the same FLOPs over the same time and peak).
+    let conv = match p.attention_flops {
+        crate::jobfile::AttentionFlops::Full => 1.0,
+        crate::jobfile::AttentionFlops::Causal if s.mfu > 0.0 => s.mfu_causal / s.mfu,
+        crate::jobfile::AttentionFlops::Causal => 1.0,
+    };
     // (key, published, nominal, expected, a higher value means a faster run)
     let figures = [
         (
             "tflops_per_gpu",
             p.tflops_per_gpu,
-            s.model_tflops_per_gpu,
-            s.expected_model_tflops_per_gpu,
+            s.model_tflops_per_gpu * conv,
+            s.expected_model_tflops_per_gpu * conv,
             true,
         ),
-        ("mfu", p.mfu, s.mfu, s.expected_mfu, true),
+        ("mfu", p.mfu, s.mfu * conv, s.expected_mfu * conv, true),
         (
             "iteration_time_s",
             p.iteration_time_s,
@@ -234,7 +241,7 @@ pub fn published_rows(
 /// The `[published]` section of a job beside the prediction: `source`, and per given figure
 /// the fields of a [`PublishedRow`].
 pub fn published_json(p: &crate::jobfile::Published, s: &prism_core::report::Summary) -> Value {
-    let mut v = json!({ "source": p.source });
+    let mut v = json!({ "source": p.source, "attention_flops": p.attention_flops.name() });
     for r in published_rows(p, s) {
         v[r.key] = json!({
             "published": r.published,

@@ -815,3 +815,50 @@ fn the_measured_megatron_1_7b_rank_step_is_predicted() {
     );
     assert!(sim["elementwise"] < measured_classes["elementwise"].1);
 }
+
+/// cuDNN attention at long context (`python/h100bench/long_attention.py`,
+/// `validation/h100/long_attention.csv`): Llama 3 405B's attention at TP 8 (16 query heads,
+/// head width 128) over up to 131,072 tokens, causal on one GPU, and 4,096 or 8,192 queries
+/// against 131,072 keys unmasked (a context-parallel rank's late chunk). Long sequences keep
+/// cuDNN at 535-680 TFLOP/s.
+#[test]
+fn long_context_attention_against_the_model() {
+    let job = step_job();
+    let m = model(&job, Precision::Bf16);
+    let path = dir().join("long_attention.csv");
+    let rows = prism_io::kernel_bench::read_kernel_bench(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(rows.len() >= 10, "{} rows", rows.len());
+    println!("\nH100 cuDNN attention at long context vs model");
+    for r in rows {
+        let work = r.work.expect("attention rows have a shape");
+        let Work::Attention {
+            heads,
+            seq_q,
+            seq_kv,
+            causal,
+            ..
+        } = work
+        else {
+            panic!("{work:?}")
+        };
+        let us = r.seconds * 1e6;
+        let p = predicted_us(&m, OpClass::Attention, work);
+        let flops = work.flops();
+        println!(
+            "  {:8} h{heads:2} q{seq_q:7} kv{seq_kv:7} {}: measured {us:10.1} us ({:5.0} TFLOP/s)  model {p:10.1} us  {:+6.1}%",
+            r.kind,
+            if causal { "c" } else { "n" },
+            flops / us / 1e6,
+            100.0 * err(p, us)
+        );
+        // The forward within 15% (the last row, 16 KV heads instead of 1, reads more and runs
+        // 9% slower, which the model, blind to KV heads, does not see); the backward ceiling fitted on published runs is slower
+        // than cuDNN 9.19 here as at short context ("Measured on an H100"), by less than 35%.
+        let e = err(p, us);
+        if r.kind == "attn_fwd" {
+            assert!(e.abs() < 0.15, "attn_fwd: {e:+.3}");
+        } else {
+            assert!(e > 0.0 && e < 0.35, "attn_bwd: {e:+.3}");
+        }
+    }
+}
