@@ -22,7 +22,6 @@ Writes into OUTDIR:
 Every timing runs on random data (never zeros) after warm-up.
 """
 
-import gzip
 import json
 import os
 import statistics
@@ -32,7 +31,7 @@ import time
 
 import torch
 
-from timing import timed
+from timing import timed, write_trace
 import torch.nn.functional as F
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "out"
@@ -371,16 +370,7 @@ def train_step():
     log(f"step: median {res['median_s']*1e3:.1f} ms over {len(times)} ({min(times)*1e3:.1f}-{max(times)*1e3:.1f})")
     with open(os.path.join(OUT, "step.json"), "w") as f:
         json.dump(res, f, indent=1)
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
-        step()
-        torch.cuda.synchronize()
-    path = os.path.join(OUT, "step_trace.json")
-    prof.export_chrome_trace(path)
-    with open(path, "rb") as fi, gzip.open(path + ".gz", "wb", compresslevel=6) as fo:
-        fo.write(fi.read())
-    os.remove(path)
+    write_trace(step, os.path.join(OUT, "step_trace.json"))
     log("trace written")
 
 

@@ -29,6 +29,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from timing import loop_us
+
 OUT = sys.argv[1] if len(sys.argv) > 1 else "out"
 SUSTAIN_S = float(os.environ.get("SUSTAIN_S", "60"))
 os.makedirs(OUT, exist_ok=True)
@@ -129,18 +131,6 @@ SRC = torch.randn(SMS * PER_BLOCK * 4, device=DEV)
 DST = torch.empty_like(SRC)
 BYTES = torch.zeros(1, dtype=torch.int64, device=DEV)
 SIDE = torch.cuda.Stream()
-
-
-def loop_us(fn, reps):
-    """Mean GPU time of one call over `reps` back-to-back calls (CUDA events)."""
-    s = torch.cuda.Event(enable_timing=True)
-    e = torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(reps):
-        fn()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) * 1e3 / reps
 
 
 def beside(fn, reps, mode, sms, sleep_ns, dur_us):

@@ -17,7 +17,6 @@ optimizer time (CUDA events), and peak memory; and OUTDIR/gpt_step_trace.json.gz
 trace of one compiled step.
 """
 
-import gzip
 import json
 import os
 import statistics
@@ -26,6 +25,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from timing import write_trace
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "out"
 os.makedirs(OUT, exist_ok=True)
@@ -129,17 +130,7 @@ def measure(compiled):
             f"optimizer {res['optimizer_median_s'] * 1e3:.1f} ms, {res['params'] / 1e9:.3f} B params, "
             f"peak {res['peak_mem_gib']:.1f} GiB")
         if compiled:
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                         record_shapes=True) as prof:
-                step()
-                torch.cuda.synchronize()
-            path = os.path.join(OUT, "gpt_step_trace.json")
-            prof.export_chrome_trace(path)
-            with open(path, "rb") as fi, gzip.open(path + ".gz", "wb", compresslevel=6) as fo:
-                fo.write(fi.read())
-            os.remove(path)
+            write_trace(step, os.path.join(OUT, "gpt_step_trace.json"))
     return res
 
 

@@ -1,8 +1,37 @@
-"""GPU timing shared by the measurement scripts of this folder."""
+"""GPU timing and tracing shared by the measurement scripts of this folder."""
 
+import gzip
+import os
 import statistics
 
 import torch
+
+
+def loop_us(fn, reps):
+    """Mean GPU time of one call over `reps` back-to-back calls of `fn`, in microseconds (CUDA
+    events around the loop)."""
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        fn()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) * 1e3 / reps
+
+
+def write_trace(fn, path):
+    """Run `fn` once under the PyTorch profiler (CPU and CUDA, shapes recorded) and write its
+    Kineto trace to `path` + ".gz"."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+    with open(path, "rb") as fi, gzip.open(path + ".gz", "wb", compresslevel=6) as fo:
+        fo.write(fi.read())
+    os.remove(path)
 
 
 def timed(fn, reps=10, loops=5, warmup=3):
@@ -11,14 +40,4 @@ def timed(fn, reps=10, loops=5, warmup=3):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    res = []
-    for _ in range(loops):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        e.synchronize()
-        res.append(s.elapsed_time(e) * 1e3 / reps)
-    return statistics.median(res)
+    return statistics.median(loop_us(fn, reps) for _ in range(loops))
