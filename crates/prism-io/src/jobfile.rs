@@ -1815,12 +1815,19 @@ pub enum AttentionFlops {
 }
 
 impl AttentionFlops {
+    /// Job-file names.
+    pub const NAMES: [(&'static str, AttentionFlops); 2] = [
+        ("full", AttentionFlops::Full),
+        ("causal", AttentionFlops::Causal),
+    ];
+
     /// The job-file spelling.
     pub fn name(self) -> &'static str {
-        match self {
-            AttentionFlops::Full => "full",
-            AttentionFlops::Causal => "causal",
-        }
+        Self::NAMES
+            .iter()
+            .find(|(_, v)| *v == self)
+            .map(|(n, _)| *n)
+            .expect("every variant is named")
     }
 }
 
@@ -1843,13 +1850,7 @@ fn build_published(ctx: &Ctx<'_>, doc: &Doc) -> Result<Option<Published>, JobFil
         )?,
         iteration_time_s: g.f64_where("iteration_time_s", positive, "must be positive")?,
         attention_flops: g
-            .choice(
-                "attention_flops",
-                &[
-                    ("full", AttentionFlops::Full),
-                    ("causal", AttentionFlops::Causal),
-                ],
-            )?
+            .choice("attention_flops", &AttentionFlops::NAMES)?
             .unwrap_or_default(),
     };
     Ok(Some(p))
