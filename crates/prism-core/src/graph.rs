@@ -492,6 +492,9 @@ struct StageBuilder<'a> {
     /// Last op of the final backward of each local layer (grad ready), by global layer.
     grad_ready: BTreeMap<u32, u32>,
     lm_head_grad_ready: Option<u32>,
+    /// The last per-micro-batch gradient reduce-scatter (sharded gradients, ZeRO-2 and 3):
+    /// the optimizer step waits for it.
+    last_micro_batch_reduce: Option<u32>,
     embedding_grad_ready: Option<u32>,
     /// Last op issued that a following send must wait for (blocking P2P of plain 1F1B).
     blocking_send: Option<u32>,
@@ -577,6 +580,7 @@ impl<'a> StageBuilder<'a> {
             chunk_layers,
             grad_ready: BTreeMap::new(),
             lm_head_grad_ready: None,
+            last_micro_batch_reduce: None,
             embedding_grad_ready: None,
             blocking_send: None,
             buckets: Vec::new(),
@@ -1942,23 +1946,23 @@ impl<'a> StageBuilder<'a> {
                 self.mark_grad_ready(layer, op);
             }
         }
-        if self.job.parallel.shards_params() {
+        if self.job.parallel.shards_grads() {
             let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
             for layer in layers {
                 if let Some(&op) = last_of_layer.get(&layer) {
-                    self.zero3_reduce_scatter(mb, layer, op);
+                    self.micro_batch_reduce_scatter(mb, layer, op);
                 }
             }
         }
     }
 
-    /// ZeRO-3: micro-batch `mb`'s gradients of `layer` are reduce-scattered as soon as its
-    /// weight gradients exist (`after`, the last of them).
-    fn zero3_reduce_scatter(&mut self, mb: u32, layer: u32, after: u32) {
+    /// ZeRO-2 and 3 (sharded gradients): micro-batch `mb`'s gradients of `layer` are
+    /// reduce-scattered as soon as its weight gradients exist (`after`, the last of them).
+    fn micro_batch_reduce_scatter(&mut self, mb: u32, layer: u32, after: u32) {
         let (dense, expert) = self.layer_param_split(layer);
         let bytes = self.grad_bytes();
         let optag = Self::tag(Phase::Optimizer, mb, layer);
-        self.data_parallel(
+        let (d, e) = self.data_parallel(
             Collective::ReduceScatter,
             dense,
             expert,
@@ -1966,6 +1970,7 @@ impl<'a> StageBuilder<'a> {
             optag,
             &[after],
         );
+        self.last_micro_batch_reduce = e.or(d).or(self.last_micro_batch_reduce);
     }
 
     /// Posts the receive of `(mb, chunk)`'s output gradient ahead of its backward (kept in
@@ -2037,8 +2042,8 @@ impl<'a> StageBuilder<'a> {
                 self.mark_grad_ready(layer, out.1);
             }
             // (With the split, the weight step reduces the layer's gradients.)
-            if self.job.parallel.shards_params() && !self.defer_w {
-                self.zero3_reduce_scatter(mb, layer, out.1);
+            if self.job.parallel.shards_grads() && !self.defer_w {
+                self.micro_batch_reduce_scatter(mb, layer, out.1);
             }
         }
         if self.is_first_chunk(chunk) {
@@ -2526,7 +2531,8 @@ impl<'a> StageBuilder<'a> {
             layers.extend(m.layers..m.layers + m.arch.mtp_depth);
         }
         if par.shards_params() {
-            // ZeRO-3 reduces each layer's gradients in every micro-batch (backward_step).
+            // ZeRO-3 reduces each layer's gradients in every micro-batch (backward_step) and
+            // gathers each layer's parameters itself.
             layers.clear();
         }
         layers.sort_unstable_by(|a, b| b.cmp(a));
@@ -2685,7 +2691,7 @@ impl<'a> StageBuilder<'a> {
         let last_backward = self.prog.stream_ops[Stream::Compute as usize]
             .last()
             .copied();
-        let mut dp_ops: Vec<u32> = Vec::new();
+        let mut dp_ops: Vec<u32> = self.last_micro_batch_reduce.into_iter().collect();
         for b in self.buckets.clone() {
             // The bucket is ready when its last item's gradient is final.
             let ready = b
@@ -2702,8 +2708,24 @@ impl<'a> StageBuilder<'a> {
                 Some(last) if !par.overlap_grad_reduce => last,
                 _ => ready,
             };
+            // With sharded gradients (ZeRO-2) the layers' gradients were reduce-scattered in
+            // every micro-batch; what is left is the embedding's and LM head's. (ZeRO-3's
+            // buckets hold no layers.)
+            let (mut dense, mut expert) = (b.dense, b.expert);
+            if par.shards_grads() {
+                for item in &b.items {
+                    if let Item::Layer(l) = item {
+                        let (ld, le) = self.layer_param_split(*l);
+                        dense -= ld;
+                        expert -= le;
+                    }
+                }
+                if dense + expert == 0 {
+                    continue;
+                }
+            }
             let bytes = self.grad_bytes();
-            let (d, e) = self.data_parallel(reduce, b.dense, b.expert, bytes, tag, &[dep]);
+            let (d, e) = self.data_parallel(reduce, dense, expert, bytes, tag, &[dep]);
             dp_ops.extend(d.into_iter().chain(e));
         }
         let local_dense: u64 = self.buckets.iter().map(|b| b.dense).sum();

@@ -308,6 +308,14 @@ pub enum Recompute {
 pub enum Precision {
     /// BF16 GEMMs, BF16 activations.
     Bf16,
+    /// FP16 GEMMs and activations with loss scaling (Megatron `--fp16`). The tensor cores run
+    /// FP16 at the BF16 rate on every GPU Prism knows (A100, H100, H200, B200: the datasheets'
+    /// dense FP16 and BF16 peaks are equal). What differs is Megatron's gradient type: only
+    /// BF16 forces FP32 gradient accumulation and reduction (`megatron/training/arguments.py`:
+    /// "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"), so FP16
+    /// jobs accumulate and reduce gradients in FP16 unless `grad_reduce_in_bf16 = false`
+    /// (Megatron `--accumulate-allreduce-grads-in-fp32`) says otherwise.
+    Fp16,
     /// FP8 GEMMs (transformer-engine style), BF16 elsewhere.
     Fp8,
 }
@@ -379,9 +387,18 @@ pub struct Parallel {
     /// `distributed_optimizer == (zero_stage >= 1)`; set both with
     /// [`Parallel::set_zero_stage`].
     pub zero_stage: u8,
-    /// Reduce data-parallel gradients in BF16 (Megatron `--grad-reduce-in-bf16`; DeepSpeed's
-    /// FP16/BF16 communication data type) instead of FP32: half the bytes.
+    /// Reduce data-parallel gradients in 16 bits (Megatron `--grad-reduce-in-bf16`, or FP16
+    /// gradients of an FP16 job; DeepSpeed's FP16/BF16 communication data type) instead of
+    /// FP32: half the bytes. Megatron keeps its main gradients in the reduction's type, so
+    /// for the Megatron stacks this is also the accumulation type ([`Job::grad_accum_bytes`]).
     pub grad_reduce_in_bf16: bool,
+    /// Weight-gradient GEMMs add into the main gradients in their epilogue (Megatron's
+    /// `gradient_accumulation_fusion`, `--no-gradient-accumulation-fusion` to turn it off);
+    /// `false`: each weight gradient is written in 16 bits and a separate elementwise kernel
+    /// adds it to the main gradient (Megatron-LM before February 2022, and with FP16
+    /// gradients before September 2022). Only the stacks with main gradients
+    /// ([`Stack::accumulates_main_grads`]) charge either.
+    pub gradient_accumulation_fusion: bool,
     /// Times the pipeline schedule runs per iteration, each over `micro_batches / pipeline_rounds`
     /// micro-batches with its own warm-up and cool-down, gradients accumulated across them and
     /// synchronised after the last (gradient accumulation outside the schedule, as
@@ -411,6 +428,16 @@ impl Parallel {
     /// True when parameters are sharded over data parallelism (ZeRO-3 / FSDP).
     pub fn shards_params(&self) -> bool {
         self.zero_stage >= 3
+    }
+
+    /// True when gradients are sharded over data parallelism (ZeRO-2 and 3). A rank then
+    /// keeps only its shard of the accumulated gradients, so every micro-batch's gradients
+    /// must be reduce-scattered as its backward produces them, not once after the last
+    /// micro-batch (DeepSpeed's maintainers: "for zero stage 2 (and 3), gradient reduction
+    /// is required after every backward because of gradient partitioning", DeepSpeed issue
+    /// #2252; PyTorch FSDP likewise outside `no_sync`).
+    pub fn shards_grads(&self) -> bool {
+        self.zero_stage >= 2
     }
 }
 
@@ -586,6 +613,8 @@ pub struct StackDefaults {
     pub flash_attention: bool,
     /// Data-parallel gradients reduced in 16 bits.
     pub grad_reduce_in_bf16: bool,
+    /// Weight-gradient GEMMs accumulate into the main gradients in their epilogue.
+    pub gradient_accumulation_fusion: bool,
     /// Pipeline messages split over the TP ranks (Megatron's scatter/gather).
     pub pp_scatter_gather: bool,
 }
@@ -629,15 +658,22 @@ impl Stack {
         }
     }
 
-    /// Whether weight-gradient GEMMs accumulate straight into FP32 main gradients (Megatron's
-    /// `gradient_accumulation_fusion`, on by default in Megatron-Core and in the Megatron-LM
-    /// and Megatron-DeepSpeed scripts of the calibration runs). torchtitan's FSDP2 keeps
-    /// gradients in the parameters' dtype and leaves accumulation to autograd.
-    pub fn fuses_fp32_grad_accumulation(self) -> bool {
+    /// Whether the stack keeps main gradients that every micro-batch's weight gradient is
+    /// added into, fused into the GEMM or not (Megatron-Core, the Megatron-LM of 2021-2023,
+    /// Megatron-DeepSpeed). torchtitan's FSDP2 keeps gradients in the parameters and leaves
+    /// accumulation to autograd, which Prism does not charge.
+    pub fn accumulates_main_grads(self) -> bool {
         !matches!(self, Stack::TorchTitan)
     }
 
-    /// What the stack does unless the job says otherwise.
+    /// Whether the stack is Megatron (Core or the LM of 2021-2023), whose gradient type
+    /// follows the training precision: FP32 for BF16, the parameters' FP16 for FP16.
+    fn is_megatron(self) -> bool {
+        matches!(self, Stack::MegatronCore | Stack::MegatronLm2021)
+    }
+
+    /// What the stack does unless the job says otherwise, for BF16 or FP8 training
+    /// ([`Stack::defaults_for`] with the precision).
     pub fn defaults(self) -> StackDefaults {
         let core = StackDefaults {
             zero_stage: 1,
@@ -646,16 +682,20 @@ impl Stack {
             sequence_parallel: true,
             flash_attention: true,
             grad_reduce_in_bf16: false,
+            gradient_accumulation_fusion: true,
             pp_scatter_gather: true,
         };
         match self {
             Stack::MegatronCore => core,
+            // The Narayanan et al. 2021 runs predate the fusion (Megatron-LM commit 83b1e42f,
+            // February 2022; FP16 main gradients only from 07916bf2, September 2022).
             Stack::MegatronLm2021 => StackDefaults {
                 zero_stage: 0,
                 overlap_grad_reduce: false,
                 overlap_param_gather: false,
                 sequence_parallel: false,
                 flash_attention: false,
+                gradient_accumulation_fusion: false,
                 ..core
             },
             Stack::DeepSpeed => StackDefaults {
@@ -665,12 +705,28 @@ impl Stack {
                 sequence_parallel: false,
                 flash_attention: false,
                 grad_reduce_in_bf16: true,
+                gradient_accumulation_fusion: true,
                 pp_scatter_gather: false,
             },
             Stack::TorchTitan => StackDefaults {
                 zero_stage: 3,
+                gradient_accumulation_fusion: false,
                 ..core
             },
+        }
+    }
+
+    /// [`Stack::defaults`] for a job trained in `precision`: Megatron reduces (and keeps) the
+    /// gradients of an FP16 job in FP16, because only BF16 forces FP32
+    /// (`accumulate_allreduce_grads_in_fp32`, Megatron-LM `arguments.py` from 2021 to
+    /// Megatron-Core r0.8; before 2021 the local DDP all-reduced the FP16 gradients unless
+    /// `--fp32-allreduce`).
+    pub fn defaults_for(self, precision: Precision) -> StackDefaults {
+        let d = self.defaults();
+        StackDefaults {
+            grad_reduce_in_bf16: d.grad_reduce_in_bf16
+                || (precision == Precision::Fp16 && self.is_megatron()),
+            ..d
         }
     }
 }
@@ -765,10 +821,28 @@ impl Job {
         self.training.global_batch as u64 * self.model.seq_len as u64
     }
 
+    /// Bytes per element of the gradients a rank accumulates over micro-batches and holds
+    /// until the optimizer step: Megatron keeps its main gradients in the data-parallel
+    /// reduction's type (`grad_reduce_in_fp32` sets the buffer dtype in Megatron-Core's
+    /// `DistributedDataParallel`; the local DDP of 2021 likewise), so 2 when reducing in 16
+    /// bits and 4 otherwise; DeepSpeed and torchtitan keep FP32 gradients whatever they
+    /// communicate in.
+    pub fn grad_accum_bytes(&self) -> u64 {
+        let megatron = matches!(
+            self.training.stack,
+            Stack::MegatronCore | Stack::MegatronLm2021
+        );
+        if megatron && self.parallel.grad_reduce_in_bf16 {
+            2
+        } else {
+            4
+        }
+    }
+
     /// Dense peak of the job's precision family, FLOP/s per GPU.
     pub fn peak_flops(&self) -> f64 {
         let tf = match self.training.precision {
-            Precision::Bf16 => self.cluster.gpu.peak_tflops_bf16,
+            Precision::Bf16 | Precision::Fp16 => self.cluster.gpu.peak_tflops_bf16,
             Precision::Fp8 => self
                 .cluster
                 .gpu
@@ -1466,6 +1540,7 @@ impl fmt::Display for Precision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
             Precision::Fp8 => "fp8",
         })
     }
@@ -1606,6 +1681,7 @@ pub mod fixtures {
                 order: RankOrder::TpCpEpDpPp,
                 zero_stage: 1,
                 grad_reduce_in_bf16: false,
+                gradient_accumulation_fusion: true,
                 pipeline_rounds: 1,
                 pp_scatter_gather: true,
             },

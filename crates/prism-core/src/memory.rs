@@ -5,7 +5,7 @@
 //! | state | bytes / parameter | sharded over |
 //! |---|---|---|
 //! | BF16 weights | 2 | tp (and ep for experts) |
-//! | FP32 main gradients (Megatron accumulates and reduces gradients in FP32) | 4 | tp (ep) |
+//! | main gradients: FP32 (Megatron accumulates and reduces BF16 jobs' gradients in FP32), 16-bit where Megatron reduces in 16 bits (FP16 jobs, `grad_reduce_in_bf16`) | 4 or 2 ([`Job::grad_accum_bytes`]) | tp (ep), and with ZeRO-2/3 also dp x cp |
 //! | FP32 master weights + Adam first and second moments | 4 + 4 + 4 = 12 | tp (ep), and with the distributed optimizer also dp x cp (experts: dp / ep x cp) |
 //!
 //! Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -36,8 +36,6 @@ use crate::job::{Job, Recompute, Schedule};
 pub const WORKSPACE_BYTES: u64 = 1 << 30;
 /// Bytes per parameter of the BF16 weights.
 pub const WEIGHT_BYTES_PER_PARAM: u64 = 2;
-/// Bytes per parameter of the FP32 main gradients.
-pub const GRAD_BYTES_PER_PARAM: u64 = 4;
 /// Bytes per parameter of the optimizer state: FP32 master weights + Adam's two FP32 moments
 /// (8 with BF16 moments, [`crate::job::OptimizerStateDtype::Bf16`]).
 pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 12;
@@ -47,7 +45,7 @@ pub const OPTIMIZER_BYTES_PER_PARAM: u64 = 12;
 pub struct MemoryBreakdown {
     /// BF16 model weights.
     pub weights: u64,
-    /// FP32 main gradients.
+    /// Main gradients (FP32, or 16-bit: [`Job::grad_accum_bytes`]).
     pub gradients: u64,
     /// Optimizer state (FP32 master weights and Adam moments), after sharding.
     pub optimizer: u64,
@@ -624,10 +622,15 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
     };
     let layers = job.stage_layers()[stage as usize] as u64;
     // ZeRO-3 shards the transformer layers' weights and gathers at most two layers at a time;
-    // the embedding and LM head stay gathered for the whole iteration (see graph.rs). Layers
+    // the embedding and LM head stay gathered for the whole iteration (see graph.rs). ZeRO-2
+    // and 3 shard the layers' gradients, each micro-batch's being reduce-scattered as
+    // backward produces them: one layer's unsharded gradients are held while it is reduced,
+    // and the embedding's and LM head's are reduced once, after the last micro-batch. Layers
     // may differ (dense first layers of a MoE model): the stage's own layers are summed and
     // the gathered window is its largest layers.
-    let (weights, gradients) = if p.shards_params() && layers > 0 {
+    // Main gradients: FP32, or 16-bit where Megatron reduces in 16 bits (Job::grad_accum_bytes).
+    let grad_bytes = job.grad_accum_bytes();
+    let (weights, gradients) = if p.shards_grads() && layers > 0 {
         let mut each: Vec<StageParams> = (job.chunk_layers(stage).into_iter().flatten())
             .map(|l| layer_params_at(job, l))
             .collect();
@@ -640,21 +643,25 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
         each.sort_by_key(|x| std::cmp::Reverse(x.total()));
         let largest = |n: u64| each.iter().take(n as usize).map(|x| x.total()).sum::<u64>();
         let rest = params.total() - layer_part.total();
-        let window = largest(ZERO3_GATHERED_LAYERS);
+        let weights = if p.shards_params() {
+            let window = largest(ZERO3_GATHERED_LAYERS);
+            WEIGHT_BYTES_PER_PARAM * (rest + window) + sharded(WEIGHT_BYTES_PER_PARAM, layer_part)
+        } else {
+            WEIGHT_BYTES_PER_PARAM * params.total()
+        };
         (
-            WEIGHT_BYTES_PER_PARAM * (rest + window) + sharded(WEIGHT_BYTES_PER_PARAM, layer_part),
-            // Sharded FP32 gradients plus one layer's unsharded gradients being reduced.
-            GRAD_BYTES_PER_PARAM * (rest + largest(1)) + sharded(GRAD_BYTES_PER_PARAM, layer_part),
+            weights,
+            grad_bytes * (rest + largest(1)) + sharded(grad_bytes, layer_part),
         )
-    } else if p.zero_stage >= 2 {
+    } else if p.shards_grads() {
         (
             WEIGHT_BYTES_PER_PARAM * params.total(),
-            sharded(GRAD_BYTES_PER_PARAM, params),
+            sharded(grad_bytes, params),
         )
     } else {
         (
             WEIGHT_BYTES_PER_PARAM * params.total(),
-            GRAD_BYTES_PER_PARAM * params.total(),
+            grad_bytes * params.total(),
         )
     };
     let opt_bytes = job.training.memory_saving.optimizer_state.bytes_per_param();
@@ -773,6 +780,26 @@ mod tests {
         job.validate().unwrap();
         assert_eq!(job.parallel.dp, 128);
         job
+    }
+
+    /// Megatron keeps an FP16 job's main gradients in FP16: the gradient memory halves and
+    /// nothing else changes (weights, optimizer state and activations are the same bytes).
+    #[test]
+    fn fp16_main_gradients_take_two_bytes_per_parameter() {
+        let bf16 = small_job(2, 2, 2, 64);
+        let mut fp16 = bf16.clone();
+        fp16.training.precision = Precision::Fp16;
+        fp16.parallel.grad_reduce_in_bf16 = true;
+        for stage in 0..2 {
+            let (a, b) = (stage_memory(&bf16, stage), stage_memory(&fp16, stage));
+            let params = stage_params(&bf16, stage).total();
+            assert_eq!(a.gradients, 4 * params);
+            assert_eq!(b.gradients, 2 * params);
+            assert_eq!(
+                (a.weights, a.optimizer, a.activations),
+                (b.weights, b.optimizer, b.activations)
+            );
+        }
     }
 
     #[test]

@@ -1760,6 +1760,112 @@ fn zero3_traffic_and_time_follow_the_closed_forms() {
     }
 }
 
+/// Truth (ZeRO-2, Rajbhandari et al. 2020; DeepSpeed issue #2252): a rank keeps only its
+/// shard of the accumulated gradients, so every micro-batch reduce-scatters each layer's
+/// gradients after its backward (`m x layers` reduce-scatters of the layer's FP32 gradients,
+/// where ZeRO-1 has one bucketed reduction after the last micro-batch), while the parameters
+/// stay whole: no per-layer gathers, one all-gather of every parameter per iteration as in
+/// ZeRO-1. Gradient memory: the sharded layers plus one layer being reduced plus the
+/// embedding and LM head (reduced once). On two pipeline stages the optimizer step of the
+/// stage without embedding or LM head waits for its last reduce-scatter.
+#[test]
+fn zero2_reduces_every_micro_batch_and_keeps_parameters_whole() {
+    use prism_core::memory::{layer_params_at, stage_memory, stage_params};
+    let mut job = small_job(2, 1, 1, 64);
+    job.model.layers = 4;
+    job.parallel.micro_batch = 2;
+    job.parallel.set_zero_stage(2);
+    let job = valid(job);
+    let m = job.micro_batches();
+    assert_eq!(m, 2);
+    let res = run(
+        &job,
+        &SimOptions {
+            record_ranks: vec![0],
+            ..SimOptions::default()
+        },
+    );
+    let per_layer = job.model.layer_params();
+    let layers = job.model.layers as u64;
+    let dp = recorded_collectives(&res, 0, GroupKind::Dp);
+    let count = |op: Collective, bytes: u64| {
+        dp.iter()
+            .filter(|&&(o, b, _)| o == op && b == bytes)
+            .count() as u64
+    };
+    assert_eq!(count(Collective::ReduceScatter, 4 * per_layer), m * layers);
+    assert_eq!(
+        count(Collective::AllGather, 2 * per_layer),
+        0,
+        "no per-layer gathers"
+    );
+    // Against ZeRO-1: the same parameters gathered once, m times the layers' gradient
+    // traffic and the rest (embedding, LM head) reduced once.
+    let mut z1 = job.clone();
+    z1.parallel.set_zero_stage(1);
+    let r1 = run(
+        &valid(z1.clone()),
+        &SimOptions {
+            record_ranks: vec![0],
+            ..SimOptions::default()
+        },
+    );
+    let moved = |r: &prism_core::engine::SimResult, op: Collective| -> u64 {
+        recorded_collectives(r, 0, GroupKind::Dp)
+            .iter()
+            .filter(|&&(o, _, _)| o == op)
+            .map(|&(_, b, _)| b)
+            .sum()
+    };
+    assert_eq!(
+        moved(&res, Collective::AllGather),
+        moved(&r1, Collective::AllGather)
+    );
+    let layer_grads = 4 * layers * per_layer;
+    assert!(moved(&r1, Collective::ReduceScatter) > layer_grads);
+    assert_eq!(
+        moved(&res, Collective::ReduceScatter),
+        moved(&r1, Collective::ReduceScatter) + (m - 1) * layer_grads
+    );
+    // Memory: sharded layer gradients, one layer whole, embedding and LM head whole.
+    let dpn = job.parallel.dp as u64;
+    let mem = stage_memory(&job, 0);
+    let p = stage_params(&job, 0);
+    let layer = layer_params_at(&job, 0).total();
+    assert_eq!(
+        mem.gradients,
+        4 * (p.total() - layers * per_layer + layer) + (4 * layers * per_layer).div_ceil(dpn)
+    );
+    assert_eq!(mem.weights, stage_memory(&valid(z1), 0).weights);
+    // Two stages: each stage's optimizer step starts after its own last reduce-scatter.
+    let mut pp2 = small_job(2, 1, 2, 64);
+    pp2.model.layers = 4;
+    pp2.parallel.set_zero_stage(2);
+    let pp2 = valid(pp2);
+    let g = prism_core::graph::ExecutionGraph::build(&pp2);
+    use prism_core::graph::OpKind;
+    for prog in &g.programs {
+        let last_rs = (0..prog.len() as u32)
+            .rfind(|&o| {
+                matches!(
+                    prog.kind[o as usize],
+                    OpKind::Collective {
+                        op: Collective::ReduceScatter,
+                        ..
+                    }
+                )
+            })
+            .expect("a reduce-scatter");
+        let step = (0..prog.len() as u32)
+            .find(|&o| matches!(&prog.kind[o as usize], OpKind::Compute(c) if c.name == "optimizer_step"))
+            .expect("an optimizer step");
+        assert!(
+            prog.deps_of(step).iter().any(|&d| d >= last_rs),
+            "optimizer step of a stage does not wait for its last reduce-scatter"
+        );
+    }
+}
+
 /// Truth: with layers of different sizes on a stage (a MoE model's dense first layers) ZeRO-3
 /// shards the sum of the stage's own layers and holds its two largest gathered: the weights
 /// equal that closed form, the figures stay below the unsharded ones (before, a per-layer
@@ -1798,8 +1904,9 @@ fn zero3_memory_with_dense_first_layers() {
 }
 
 /// Truth: ZeRO-3 memory = sharded layer weights and gradients plus two gathered layers of
-/// weights and one layer of unsharded gradients; ZeRO-2 shards gradients only; optimizer state
-/// is sharded from stage 1 on (closed forms from the parameter counts).
+/// weights and one layer of unsharded gradients; ZeRO-2 has ZeRO-3's gradients (sharded
+/// layers, one layer being reduced, embedding and LM head whole) and whole weights; optimizer
+/// state is sharded from stage 1 on (closed forms from the parameter counts).
 #[test]
 fn zero_stage_memory_closed_forms() {
     use prism_core::memory::{layer_params_at, stage_memory, stage_params};
@@ -1819,7 +1926,8 @@ fn zero_stage_memory_closed_forms() {
     let mut j2 = job.clone();
     j2.parallel.set_zero_stage(2);
     let z2 = stage_memory(&valid(j2), 0);
-    assert_eq!((z2.weights, z2.gradients), (2 * p, (4 * p).div_ceil(dp)));
+    let sharded_grads = 4 * (rest + one) + (4 * layers * one).div_ceil(dp);
+    assert_eq!((z2.weights, z2.gradients), (2 * p, sharded_grads));
     let mut j3 = job.clone();
     j3.parallel.set_zero_stage(3);
     let z3 = stage_memory(&valid(j3), 0);
@@ -1827,10 +1935,7 @@ fn zero_stage_memory_closed_forms() {
         z3.weights,
         2 * (rest + 2 * one) + (2 * layers * one).div_ceil(dp)
     );
-    assert_eq!(
-        z3.gradients,
-        4 * (rest + one) + (4 * layers * one).div_ceil(dp)
-    );
+    assert_eq!(z3.gradients, sharded_grads);
     assert_eq!(z3.optimizer, z1.optimizer);
     assert_eq!(z3.activations, z1.activations);
     let mut j0 = job.clone();

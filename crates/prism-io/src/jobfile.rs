@@ -326,6 +326,7 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("overlap_moe_expert_parallel_comm", Ty::Bool),
     fld("zero_stage", Ty::U32),
     fld("grad_reduce_in_bf16", Ty::Bool),
+    fld("gradient_accumulation_fusion", Ty::Bool),
     fld("pp_scatter_gather", Ty::Bool),
     fld("pipeline_rounds", Ty::U32),
     fld("moe_dispatcher", Ty::Str),
@@ -1605,7 +1606,7 @@ fn build(ctx: &Ctx<'_>, doc: &Doc, base_dir: Option<&Path>) -> Result<LoadedJob,
         parallel_fields,
         &model,
         &cluster,
-        training.stack,
+        &training,
         &mut sources,
     )?;
 
@@ -2471,7 +2472,11 @@ fn build_training(
     let precision = g
         .choice(
             "precision",
-            &[("bf16", Precision::Bf16), ("fp8", Precision::Fp8)],
+            &[
+                ("bf16", Precision::Bf16),
+                ("fp16", Precision::Fp16),
+                ("fp8", Precision::Fp8),
+            ],
         )?
         .unwrap_or(Precision::Bf16);
     let names: Vec<(&'static str, Stack)> = Stack::ALL.iter().map(|s| (s.name(), *s)).collect();
@@ -2527,10 +2532,11 @@ fn build_parallel(
     fields: &BTreeMap<&'static str, Entry>,
     model: &Model,
     cluster: &Cluster,
-    stack: Stack,
+    training: &Training,
     sources: &mut Sources,
 ) -> Result<Parallel, JobFileError> {
-    let sd = stack.defaults();
+    let stack = training.stack;
+    let sd = stack.defaults_for(training.precision);
     let g = Getter {
         ctx,
         section: "parallel",
@@ -2834,6 +2840,9 @@ fn build_parallel(
         grad_reduce_in_bf16: g
             .bool("grad_reduce_in_bf16")?
             .unwrap_or(sd.grad_reduce_in_bf16),
+        gradient_accumulation_fusion: g
+            .bool("gradient_accumulation_fusion")?
+            .unwrap_or(sd.gradient_accumulation_fusion),
         pp_scatter_gather: g.bool("pp_scatter_gather")?.unwrap_or(sd.pp_scatter_gather),
         pipeline_rounds: g.u32("pipeline_rounds")?.unwrap_or(1),
         moe_dispatcher: g

@@ -38,6 +38,7 @@ pub fn recompute_name(r: Recompute) -> &'static str {
 pub fn precision_name(p: Precision) -> &'static str {
     match p {
         Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
         Precision::Fp8 => "fp8",
     }
 }

@@ -305,7 +305,7 @@ const JOB_COLUMNS: &[JobColumn] = &[
         "precision",
         "training",
         "precision",
-        Kind::Choice(&["bf16", "fp8"]),
+        Kind::Choice(&["bf16", "fp16", "fp8"]),
     ),
     jc("flash_attention", "training", "flash_attention", Kind::Bool),
 ];

@@ -427,6 +427,7 @@ fn fp32_gradient_accumulation_in_weight_gradient_gemms() {
     let job = step_job();
     let mut core = job.clone();
     core.training.stack = prism_core::job::Stack::MegatronCore;
+    core.parallel.gradient_accumulation_fusion = true; // Megatron-Core's default
     let m_plain = model(&job, Precision::Bf16); // torchtitan: no fused accumulation
     let m_core = model(&core, Precision::Bf16);
     let op = |m: u64, n: u64, k: u64| ComputeOp {

@@ -298,10 +298,10 @@ fn bad_enum_value_did_you_mean() {
         ],
     );
     fails(
-        &edit("[training]", "precision = \"fp16\""),
+        &edit("[training]", "precision = \"bf61\""),
         &[],
         "training.precision",
-        &["must be one of"],
+        &["must be one of", "did you mean \"bf16\"?"],
     );
     fails(
         SMALL,
@@ -1962,6 +1962,10 @@ fn training_stack_sets_defaults() {
         assert_eq!(p.sequence_parallel, d.sequence_parallel && p.tp > 1);
         assert_eq!(j.training.flash_attention, d.flash_attention);
         assert_eq!(p.grad_reduce_in_bf16, d.grad_reduce_in_bf16);
+        assert_eq!(
+            p.gradient_accumulation_fusion,
+            d.gradient_accumulation_fusion
+        );
         assert_eq!(p.pp_scatter_gather, d.pp_scatter_gather);
     }
     // The default stack is today's Megatron-Core defaults.
@@ -1985,6 +1989,60 @@ fn training_stack_sets_defaults() {
         &["training.stack=megatron"],
         "training.stack",
         &["must be one of", "\"megatron-core\""],
+    );
+}
+
+/// `training.precision = "fp16"`: the 16-bit tensor-core peak, and Megatron's rule that only
+/// BF16 forces FP32 gradients (`megatron/training/arguments.py`), so the Megatron stacks keep
+/// and reduce an FP16 job's gradients in 16 bits unless the job says otherwise; torchtitan's
+/// FP32 `reduce_dtype` does not depend on it. Gradient-accumulation fusion follows the stack
+/// (the Megatron-LM of 2021 had none) and the key.
+#[test]
+fn fp16_training_follows_megatrons_gradient_rules() {
+    use prism_core::job::{Precision, Stack};
+    let get = |sets: &[&str]| ok(SMALL, sets).job;
+    let bf16 = get(&[]);
+    let fp16 = get(&["training.precision=fp16"]);
+    assert_eq!(fp16.training.precision, Precision::Fp16);
+    assert_eq!(fp16.training.precision.to_string(), "fp16");
+    assert_eq!(fp16.peak_flops(), bf16.peak_flops());
+    assert!(!bf16.parallel.grad_reduce_in_bf16);
+    assert!(fp16.parallel.grad_reduce_in_bf16);
+    assert_eq!((bf16.grad_accum_bytes(), fp16.grad_accum_bytes()), (4, 2));
+    // `--accumulate-allreduce-grads-in-fp32` with --fp16.
+    let fp32 = get(&[
+        "training.precision=fp16",
+        "parallel.grad_reduce_in_bf16=false",
+    ]);
+    assert!(!fp32.parallel.grad_reduce_in_bf16);
+    assert_eq!(fp32.grad_accum_bytes(), 4);
+    for stack in Stack::ALL {
+        let j = get(&[
+            "training.precision=fp16",
+            &format!("training.stack={}", stack.name()),
+        ]);
+        let megatron = matches!(stack, Stack::MegatronCore | Stack::MegatronLm2021);
+        assert_eq!(
+            j.parallel.grad_reduce_in_bf16,
+            megatron || stack.defaults().grad_reduce_in_bf16,
+            "{stack:?}"
+        );
+        assert_eq!(
+            j.grad_accum_bytes(),
+            if megatron { 2 } else { 4 },
+            "{stack:?}"
+        );
+    }
+    let old = get(&["training.stack=megatron-lm-2021"]);
+    assert!(!old.parallel.gradient_accumulation_fusion);
+    assert!(bf16.parallel.gradient_accumulation_fusion);
+    let unfused = get(&["parallel.gradient_accumulation_fusion=false"]);
+    assert!(!unfused.parallel.gradient_accumulation_fusion);
+    fails(
+        SMALL,
+        &["training.precision=fp32"],
+        "training.precision",
+        &["\"bf16\"", "\"fp16\"", "\"fp8\""],
     );
 }
 

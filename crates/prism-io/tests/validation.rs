@@ -127,13 +127,18 @@ fn every_modelled_case_builds_a_valid_job() {
         let loaded = load_job_str(&c.job_toml, &c.id, None, &[])
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", c.id, c.job_toml));
         loaded.job.validate().unwrap();
-        // Utilisation cases must compare like with like (BF16 peak).
+        // Utilisation cases must compare like with like (the 16-bit peak, which FP16 and
+        // BF16 share).
         if c.metric.is_fraction() {
-            assert_eq!(
+            assert_ne!(
                 loaded.job.training.precision,
-                prism_core::job::Precision::Bf16,
+                prism_core::job::Precision::Fp8,
                 "{}",
                 c.id
+            );
+            assert_eq!(
+                loaded.job.peak_flops(),
+                loaded.job.cluster.gpu.peak_tflops_bf16 * 1e12
             );
         }
     }

@@ -452,6 +452,32 @@ pub fn shape_key(work: &Work) -> String {
 /// `ring_exchange` method moves data with copy engines and holds no SMs.
 pub const UB_COMM_SMS: u32 = 16;
 
+/// How a stack's weight gradients reach the main gradients it accumulates over micro-batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GradAccum {
+    /// No main gradients (torchtitan: autograd accumulates, not charged).
+    None,
+    /// The weight-gradient GEMM adds into main gradients of `main_bytes` per element in its
+    /// epilogue (Megatron's `gradient_accumulation_fusion`).
+    Fused { main_bytes: u64 },
+    /// The GEMM writes a 16-bit gradient and a separate kernel adds it to main gradients of
+    /// `main_bytes` per element.
+    Separate { main_bytes: u64 },
+}
+
+impl GradAccum {
+    fn of(job: &Job) -> Self {
+        let main_bytes = job.grad_accum_bytes();
+        if !job.training.stack.accumulates_main_grads() {
+            GradAccum::None
+        } else if job.parallel.gradient_accumulation_fusion {
+            GradAccum::Fused { main_bytes }
+        } else {
+            GradAccum::Separate { main_bytes }
+        }
+    }
+}
+
 /// Prices compute kernels for one job.
 #[derive(Clone, Debug)]
 pub struct ComputeModel {
@@ -464,8 +490,8 @@ pub struct ComputeModel {
     peak_gemm: f64,
     /// FP8 GEMM throughput of the job's scaling recipe relative to tensor-wise scaling.
     fp8_recipe_rel: f64,
-    /// Weight gradients accumulate into FP32 main gradients inside the GEMM (the stack's).
-    fp32_grad_accum: bool,
+    /// How weight gradients reach the main gradients (the stack's and the job's).
+    grad_accum: GradAccum,
     /// The same model with [`UB_COMM_SMS`] fewer SMs, pricing kernels with
     /// [`ComputeOp::sm_margin`].
     margin: Option<Box<ComputeModel>>,
@@ -530,7 +556,7 @@ impl ComputeModel {
         let peak_bf16 = gpu.peak_tflops_bf16 * 1e12 * params.clock_factor * sm_share;
         let precision = job.training.precision;
         let peak_gemm = match precision {
-            Precision::Bf16 => peak_bf16,
+            Precision::Bf16 | Precision::Fp16 => peak_bf16,
             Precision::Fp8 => gpu
                 .peak_tflops_fp8
                 .map_or(peak_bf16, |t| t * 1e12 * params.clock_factor * sm_share),
@@ -548,7 +574,7 @@ impl ComputeModel {
             peak_bf16,
             peak_gemm,
             fp8_recipe_rel,
-            fp32_grad_accum: job.training.stack.fuses_fp32_grad_accumulation(),
+            grad_accum: GradAccum::of(job),
             hbm_bytes_per_s: gpu.hbm_tbps * 1e12,
             margin: None,
         }
@@ -612,18 +638,31 @@ impl ComputeModel {
             + self.params.launch_overhead_s
     }
 
-    /// Exposed epilogue time of a weight-gradient GEMM accumulating into FP32 main gradients
-    /// (see [`ComputeParams::wgrad_accum_hidden_tokens`]); 0 for every other kernel.
+    /// Time a weight-gradient GEMM adds by accumulating into the main gradients: the exposed
+    /// part of its epilogue's read and write of them when fused (see
+    /// [`ComputeParams::wgrad_accum_hidden_tokens`]), or the separate elementwise add (read
+    /// the 16-bit gradient, read and write the main gradient, one launch) when not; 0 for
+    /// every other kernel and for stacks without main gradients.
     fn wgrad_accum_s(&self, op: &ComputeOp) -> f64 {
-        match op.work {
-            Work::Gemm { m, n, k, batch } if self.fp32_grad_accum && op.is_weight_gradient() => {
-                let bytes = 8.0 * m as f64 * n as f64 * batch as f64;
+        let Work::Gemm { m, n, k, batch } = op.work else {
+            return 0.0;
+        };
+        if !op.is_weight_gradient() {
+            return 0.0;
+        }
+        let elements = m as f64 * n as f64 * batch as f64;
+        let bw = self.hbm_bytes_per_s * self.params.mem_eff;
+        match self.grad_accum {
+            GradAccum::None => 0.0,
+            GradAccum::Fused { main_bytes } => {
                 let exposed = (self.params.wgrad_accum_hidden_tokens / k.max(1) as f64)
                     .sqrt()
                     .min(1.0);
-                bytes / (self.hbm_bytes_per_s * self.params.mem_eff) * exposed
+                2.0 * main_bytes as f64 * elements / bw * exposed
             }
-            _ => 0.0,
+            GradAccum::Separate { main_bytes } => {
+                (2.0 + 2.0 * main_bytes as f64) * elements / bw + self.params.launch_overhead_s
+            }
         }
     }
 
@@ -976,6 +1015,62 @@ mod tests {
         for name in ["attn_scores_wgrad", "attn_context_wgrad", "fc1_dgrad"] {
             assert_eq!(f.time_s(&op(name, 8)), p.time_s(&op(name, 8)), "{name}");
         }
+    }
+
+    /// The accumulation's traffic follows the main gradients' type and the fusion: a fused
+    /// epilogue into 16-bit main gradients (an FP16 Megatron job) moves half the bytes of an
+    /// FP32 one with the same exposed fraction; unfused, a separate kernel reads the 16-bit
+    /// gradient and reads and writes the main gradient (2 + 2 x 4 or 2 + 2 x 2 bytes per
+    /// element), all of it exposed, plus one launch.
+    #[test]
+    fn gradient_accumulation_follows_main_gradient_type_and_fusion() {
+        use crate::job::{Precision, Stack};
+        let base = h100_job(); // Megatron-Core, BF16: fused, FP32 main gradients
+        let variant = |fp16: bool, fused: bool| {
+            let mut j = base.clone();
+            if fp16 {
+                j.training.precision = Precision::Fp16;
+                j.parallel.grad_reduce_in_bf16 = true; // the FP16 default (Stack::defaults_for)
+            }
+            j.parallel.gradient_accumulation_fusion = fused;
+            j
+        };
+        let mut none = base.clone();
+        none.training.stack = Stack::TorchTitan;
+        let plain = model(&none);
+        let wgrad = ComputeOp {
+            name: "fc1_wgrad",
+            class: OpClass::Gemm,
+            work: Work::Gemm {
+                m: 4096,
+                n: 1024,
+                k: 2048,
+                batch: 1,
+            },
+            recompute: false,
+            sm_margin: false,
+        };
+        let extra = |j: &Job| model(j).time_s(&wgrad) - plain.time_s(&wgrad);
+        let p = model(&base).params().clone();
+        let bw = base.cluster.gpu.hbm_tbps * 1e12 * p.mem_eff;
+        let elements = 4096.0 * 1024.0;
+        let exposed = (p.wgrad_accum_hidden_tokens / 2048.0).sqrt();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * b.max(1e-9);
+        assert!(close(
+            extra(&variant(false, true)),
+            8.0 * elements / bw * exposed
+        ));
+        assert!(close(
+            extra(&variant(true, true)),
+            4.0 * elements / bw * exposed
+        ));
+        let sep = |main: f64| (2.0 + 2.0 * main) * elements / bw + p.launch_overhead_s;
+        assert!(close(extra(&variant(false, false)), sep(4.0)));
+        assert!(close(extra(&variant(true, false)), sep(2.0)));
+        // The FP16 GEMM itself runs at the BF16 rate.
+        let fp16 = model(&variant(true, true));
+        let g = gemm(8192, 8192, 8192);
+        assert_eq!(fp16.time_s(&g), model(&base).time_s(&g));
     }
 
     #[test]
