@@ -525,6 +525,27 @@ fn collective_plans_match_the_nccl_ring() {
     assert_eq!(small.algorithm, Algorithm::Tree);
 }
 
+/// A 4-layer job with two micro-batches per rank (64 / (16 x 2)) at ZeRO `stage`, tp 1, pp 1.
+fn zero_job(stage: u8) -> Job {
+    let mut job = small_job(2, 1, 1, 64);
+    job.model.layers = 4;
+    job.parallel.micro_batch = 2;
+    job.parallel.set_zero_stage(stage);
+    assert_eq!(job.micro_batches(), 2);
+    job
+}
+
+/// Simulates `job` with rank 0's timeline recorded.
+fn run_rank0(job: &Job) -> SimResult {
+    run(
+        job,
+        &SimOptions {
+            record_ranks: vec![0],
+            ..SimOptions::default()
+        },
+    )
+}
+
 /// Finds every collective of `kind` in `rank`'s recorded timeline and returns
 /// (op, bytes, duration ps).
 fn recorded_collectives(
@@ -1710,22 +1731,12 @@ fn attention_work_flops_conventions() {
 #[test]
 fn zero3_traffic_and_time_follow_the_closed_forms() {
     for (recompute, bf16) in [(Recompute::None, false), (Recompute::Full, true)] {
-        let mut job = small_job(2, 1, 1, 64);
-        job.model.layers = 4;
-        job.parallel.micro_batch = 2; // 64 / (16 x 2) = 2 micro-batches
-        job.parallel.set_zero_stage(3);
+        let mut job = zero_job(3);
         job.parallel.recompute = recompute;
         job.parallel.grad_reduce_in_bf16 = bf16;
         let job = valid(job);
         let m = job.micro_batches();
-        assert_eq!(m, 2);
-        let res = run(
-            &job,
-            &SimOptions {
-                record_ranks: vec![0],
-                ..SimOptions::default()
-            },
-        );
+        let res = run_rank0(&job);
         let per_layer = job.model.layer_params(); // tp 1, no experts
         let gb = if bf16 { 2 } else { 4 };
         let dp = recorded_collectives(&res, 0, GroupKind::Dp);
@@ -1771,20 +1782,9 @@ fn zero3_traffic_and_time_follow_the_closed_forms() {
 #[test]
 fn zero2_reduces_every_micro_batch_and_keeps_parameters_whole() {
     use prism_core::memory::{layer_params_at, stage_memory, stage_params};
-    let mut job = small_job(2, 1, 1, 64);
-    job.model.layers = 4;
-    job.parallel.micro_batch = 2;
-    job.parallel.set_zero_stage(2);
-    let job = valid(job);
+    let job = valid(zero_job(2));
     let m = job.micro_batches();
-    assert_eq!(m, 2);
-    let res = run(
-        &job,
-        &SimOptions {
-            record_ranks: vec![0],
-            ..SimOptions::default()
-        },
-    );
+    let res = run_rank0(&job);
     let per_layer = job.model.layer_params();
     let layers = job.model.layers as u64;
     let dp = recorded_collectives(&res, 0, GroupKind::Dp);
@@ -1801,16 +1801,9 @@ fn zero2_reduces_every_micro_batch_and_keeps_parameters_whole() {
     );
     // Against ZeRO-1: the same parameters gathered once, m times the layers' gradient
     // traffic and the rest (embedding, LM head) reduced once.
-    let mut z1 = job.clone();
-    z1.parallel.set_zero_stage(1);
-    let r1 = run(
-        &valid(z1.clone()),
-        &SimOptions {
-            record_ranks: vec![0],
-            ..SimOptions::default()
-        },
-    );
-    let moved = |r: &prism_core::engine::SimResult, op: Collective| -> u64 {
+    let z1 = valid(zero_job(1));
+    let r1 = run_rank0(&z1);
+    let moved = |r: &SimResult, op: Collective| -> u64 {
         recorded_collectives(r, 0, GroupKind::Dp)
             .iter()
             .filter(|&&(o, _, _)| o == op)
@@ -1836,14 +1829,13 @@ fn zero2_reduces_every_micro_batch_and_keeps_parameters_whole() {
         mem.gradients,
         4 * (p.total() - layers * per_layer + layer) + (4 * layers * per_layer).div_ceil(dpn)
     );
-    assert_eq!(mem.weights, stage_memory(&valid(z1), 0).weights);
+    assert_eq!(mem.weights, stage_memory(&z1, 0).weights);
     // Two stages: each stage's optimizer step starts after its own last reduce-scatter.
     let mut pp2 = small_job(2, 1, 2, 64);
     pp2.model.layers = 4;
     pp2.parallel.set_zero_stage(2);
     let pp2 = valid(pp2);
-    let g = prism_core::graph::ExecutionGraph::build(&pp2);
-    use prism_core::graph::OpKind;
+    let g = ExecutionGraph::build(&pp2);
     for prog in &g.programs {
         let last_rs = (0..prog.len() as u32)
             .rfind(|&o| {
