@@ -320,6 +320,30 @@ pub enum Precision {
     Fp8,
 }
 
+impl Precision {
+    /// Job-file names.
+    pub const NAMES: [(&'static str, Precision); 3] = [
+        ("bf16", Precision::Bf16),
+        ("fp16", Precision::Fp16),
+        ("fp8", Precision::Fp8),
+    ];
+
+    /// The job-file spelling.
+    pub fn name(self) -> &'static str {
+        spelling(&Self::NAMES, self)
+    }
+}
+
+/// The name of `value` in a job-file spelling table (`(name, value)` pairs, as
+/// [`Precision::NAMES`]); a value missing from its table is a bug.
+pub fn spelling<T: PartialEq + Copy>(names: &[(&'static str, T)], value: T) -> &'static str {
+    names
+        .iter()
+        .find(|(_, v)| *v == value)
+        .map(|(n, _)| *n)
+        .expect("every variant is named")
+}
+
 /// Parallel layout settings, Megatron-LM style.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Parallel {
@@ -828,11 +852,7 @@ impl Job {
     /// bits and 4 otherwise; DeepSpeed and torchtitan keep FP32 gradients whatever they
     /// communicate in.
     pub fn grad_accum_bytes(&self) -> u64 {
-        let megatron = matches!(
-            self.training.stack,
-            Stack::MegatronCore | Stack::MegatronLm2021
-        );
-        if megatron && self.parallel.grad_reduce_in_bf16 {
+        if self.training.stack.is_megatron() && self.parallel.grad_reduce_in_bf16 {
             2
         } else {
             4
@@ -1538,11 +1558,7 @@ impl Job {
 
 impl fmt::Display for Precision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::Bf16 => "bf16",
-            Precision::Fp16 => "fp16",
-            Precision::Fp8 => "fp8",
-        })
+        f.write_str(self.name())
     }
 }
 

@@ -1824,11 +1824,7 @@ impl AttentionFlops {
 
     /// The job-file spelling.
     pub fn name(self) -> &'static str {
-        Self::NAMES
-            .iter()
-            .find(|(_, v)| *v == self)
-            .map(|(n, _)| *n)
-            .expect("every variant is named")
+        prism_core::job::spelling(&Self::NAMES, self)
     }
 }
 
@@ -2470,14 +2466,7 @@ fn build_training(
     };
     let global_batch = g.req_u32("global_batch", "sequences per iteration")?;
     let precision = g
-        .choice(
-            "precision",
-            &[
-                ("bf16", Precision::Bf16),
-                ("fp16", Precision::Fp16),
-                ("fp8", Precision::Fp8),
-            ],
-        )?
+        .choice("precision", &Precision::NAMES)?
         .unwrap_or(Precision::Bf16);
     let names: Vec<(&'static str, Stack)> = Stack::ALL.iter().map(|s| (s.name(), *s)).collect();
     let stack = g.choice("stack", &names)?.unwrap_or_default();

@@ -6,7 +6,7 @@
 //! are a public contract. Objects are written with sorted keys, so the output is deterministic.
 
 use prism_core::SimResult;
-use prism_core::job::{Job, Precision, Recompute, Schedule};
+use prism_core::job::{Job, Recompute, Schedule};
 use prism_core::layout::Layout;
 use prism_core::report::{Breakdown, RankTiming};
 use serde_json::{Map, Value, json};
@@ -31,15 +31,6 @@ pub fn recompute_name(r: Recompute) -> &'static str {
         Recompute::None => "none",
         Recompute::Selective => "selective",
         Recompute::Full => "full",
-    }
-}
-
-/// Name of a precision, as job files spell it.
-pub fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::Bf16 => "bf16",
-        Precision::Fp16 => "fp16",
-        Precision::Fp8 => "fp8",
     }
 }
 
@@ -137,7 +128,7 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
             "order": p.order.name(),
             "stack": job.training.stack.name(),
             "global_batch": job.training.global_batch,
-            "precision": precision_name(job.training.precision),
+            "precision": job.training.precision.name(),
         },
     });
     // Gradient accumulation over whole schedules and DeepEP's dispatch, listed only when set
