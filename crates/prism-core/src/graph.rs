@@ -1362,11 +1362,20 @@ impl<'a> StageBuilder<'a> {
             cur = self.reduced_gemm("fc2_fwd", Self::gemm(d.t, d.h, d.ffn_local), tag, &[act]);
         }
         if self.job.training.precision == Precision::Fp8 {
-            // Transformer Engine: the weights of the layer's four GEMMs are cast to FP8 (read
-            // BF16, write FP8) each micro-batch, and the inputs of the out-projection and FC2
-            // GEMMs are cast (LayerNorm and activation kernels emit FP8 themselves).
+            // The inputs of the out-projection and FC2 GEMMs are cast (LayerNorm and activation
+            // kernels emit FP8 themselves), and so are the weights of the layer's GEMMs: with
+            // the weight cache (Transformer Engine under Megatron-Core) cast and transposed
+            // together on the micro-batch that opens the iteration (read BF16, write FP8
+            // twice) and kept; without it cast here (read BF16, write FP8) every micro-batch
+            // and again, transposed, in backward.
             let weights = self.layer_weights_local(layer);
-            let bytes = 3 * weights + 3 * d.t * (d.o_local + d.ffn_local);
+            let opens_iteration = tag.micro_batch == 0 && tag.phase == Phase::Forward;
+            let weight_bytes = match (self.job.training.fp8_weight_cache, opens_iteration) {
+                (true, true) => 4 * weights,
+                (true, false) => 0,
+                (false, _) => 3 * weights,
+            };
+            let bytes = weight_bytes + 3 * d.t * (d.o_local + d.ffn_local);
             let c = self.compute(
                 "fp8_cast_fwd",
                 OpClass::Elementwise,
@@ -2267,14 +2276,20 @@ impl<'a> StageBuilder<'a> {
         }
         if self.job.training.precision == Precision::Fp8 {
             // Transformer Engine casts and transposes every GEMM's output gradient to FP8 (read
-            // BF16, write FP8 twice) and the transposed FP8 weights for the data gradients.
+            // BF16, write FP8 twice); without the weight cache the weights are cast again,
+            // transposed, for the data gradients.
             let n_fc1 = if m.activation == Activation::SwiGlu {
                 2 * d.ffn_local
             } else {
                 d.ffn_local
             };
             let grads = d.t * (d.q_local + 2 * d.kv_local + d.h + n_fc1 + d.h);
-            let bytes = 4 * grads + 3 * self.layer_weights_local(layer);
+            let weight_bytes = if self.job.training.fp8_weight_cache {
+                0
+            } else {
+                3 * self.layer_weights_local(layer)
+            };
+            let bytes = 4 * grads + weight_bytes;
             cur = self.compute(
                 "fp8_cast_transpose_bwd",
                 OpClass::Elementwise,

@@ -482,6 +482,13 @@ pub struct Training {
     pub memory_saving: MemorySaving,
     /// How FP8 GEMM operands are scaled (only with [`Precision::Fp8`]).
     pub fp8_recipe: Fp8Recipe,
+    /// FP8 weights kept from the first micro-batch of an iteration to the last (only with
+    /// [`Precision::Fp8`]): Megatron-Core flags each model chunk's first micro-batch
+    /// (`set_is_first_microbatch`, `pipeline_parallel/schedules.py`) and Transformer Engine casts
+    /// and transposes a weight to FP8 only then (`update_fp8_weights = is_first_microbatch is
+    /// None or is_first_microbatch`), unless `disable_parameter_transpose_cache`. `false`: every
+    /// micro-batch casts the weights in forward and again, transposed, in backward.
+    pub fp8_weight_cache: bool,
 }
 
 /// How expert-parallel tokens are exchanged.
@@ -641,6 +648,9 @@ pub struct StackDefaults {
     pub gradient_accumulation_fusion: bool,
     /// Pipeline messages split over the TP ranks (Megatron's scatter/gather).
     pub pp_scatter_gather: bool,
+    /// FP8 weights cast once per iteration and kept across micro-batches
+    /// ([`Training::fp8_weight_cache`]).
+    pub fp8_weight_cache: bool,
 }
 
 impl Stack {
@@ -708,6 +718,7 @@ impl Stack {
             grad_reduce_in_bf16: false,
             gradient_accumulation_fusion: true,
             pp_scatter_gather: true,
+            fp8_weight_cache: true,
         };
         match self {
             Stack::MegatronCore => core,
@@ -720,6 +731,7 @@ impl Stack {
                 sequence_parallel: false,
                 flash_attention: false,
                 gradient_accumulation_fusion: false,
+                fp8_weight_cache: false,
                 ..core
             },
             Stack::DeepSpeed => StackDefaults {
@@ -731,10 +743,13 @@ impl Stack {
                 grad_reduce_in_bf16: true,
                 gradient_accumulation_fusion: true,
                 pp_scatter_gather: false,
+                fp8_weight_cache: false,
             },
             Stack::TorchTitan => StackDefaults {
                 zero_stage: 3,
                 gradient_accumulation_fusion: false,
+                // torchao's Float8Linear casts the weight in every forward and backward.
+                fp8_weight_cache: false,
                 ..core
             },
         }
@@ -1708,6 +1723,7 @@ pub mod fixtures {
                 stack: Stack::MegatronCore,
                 memory_saving: MemorySaving::default(),
                 fp8_recipe: Fp8Recipe::Tensorwise,
+                fp8_weight_cache: true,
             },
         }
     }

@@ -22,7 +22,8 @@
 //!   tied embeddings and more than one stage both stages hold a copy (Megatron keeps the copies
 //!   in sync with an all-reduce); with one stage it is held once.
 //! * FP8 training (Transformer Engine) is modelled with the same BF16 weights; its cached FP8
-//!   weight copies are not counted.
+//!   weight copies (a weight and its transpose, 2 bytes per element, kept across micro-batches
+//!   with [`crate::job::Training::fp8_weight_cache`]) are not counted.
 //! * [`WORKSPACE_BYTES`] is reserved for everything not modelled tensor by tensor.
 //! * DeepSeek-V3's memory savings ([`crate::job::MemorySaving`]): BF16 Adam moments (8 bytes
 //!   of optimizer state per parameter), norm and MLA up-projection recomputation and FP8

@@ -340,6 +340,7 @@ const TRAINING_FIELDS: &[Field] = &[
     fld("recompute_norm_upproj", Ty::Bool),
     fld("activation_cache", Ty::Str),
     fld("fp8_recipe", Ty::Str),
+    fld("fp8_weight_cache", Ty::Bool),
     fld("optimizer_state_dtype", Ty::Str),
 ];
 
@@ -2506,6 +2507,9 @@ fn build_training(
     let fp8_recipe = g
         .choice("fp8_recipe", &prism_core::job::Fp8Recipe::NAMES)?
         .unwrap_or_default();
+    let fp8_weight_cache = g
+        .bool("fp8_weight_cache")?
+        .unwrap_or(stack.defaults().fp8_weight_cache);
     Ok(Training {
         global_batch,
         precision,
@@ -2513,6 +2517,7 @@ fn build_training(
         stack,
         memory_saving,
         fp8_recipe,
+        fp8_weight_cache,
     })
 }
 

@@ -1967,7 +1967,27 @@ fn training_stack_sets_defaults() {
             d.gradient_accumulation_fusion
         );
         assert_eq!(p.pp_scatter_gather, d.pp_scatter_gather);
+        assert_eq!(j.training.fp8_weight_cache, d.fp8_weight_cache);
     }
+    // Transformer Engine under Megatron-Core keeps the FP8 weights across micro-batches;
+    // torchao's Float8Linear (torchtitan) casts them every time.
+    assert!(core.training.fp8_weight_cache);
+    assert!(
+        !get(&["training.stack=torchtitan"])
+            .training
+            .fp8_weight_cache
+    );
+    assert!(
+        !get(&["training.fp8_weight_cache=false"])
+            .training
+            .fp8_weight_cache
+    );
+    fails(
+        SMALL,
+        &["training.fp8_weight_cache=1"],
+        "training.fp8_weight_cache",
+        &["bool"],
+    );
     // The default stack is today's Megatron-Core defaults.
     assert_eq!(core.parallel.zero_stage, 1);
     assert!(core.training.flash_attention && core.parallel.overlap_grad_reduce);
