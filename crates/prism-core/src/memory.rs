@@ -621,7 +621,6 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
         (bytes_per_param * ps.dense).div_ceil(dp_cp)
             + (bytes_per_param * ps.expert).div_ceil(edp_cp)
     };
-    let layers = job.stage_layers()[stage as usize] as u64;
     // ZeRO-3 shards the transformer layers' weights and gathers at most two layers at a time;
     // the embedding and LM head stay gathered for the whole iteration (see graph.rs). ZeRO-2
     // and 3 shard the layers' gradients, each micro-batch's being reduce-scattered as
@@ -631,7 +630,9 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
     // the gathered window is its largest layers.
     // Main gradients: FP32, or 16-bit where Megatron reduces in 16 bits (Job::grad_accum_bytes).
     let grad_bytes = job.grad_accum_bytes();
-    let (weights, gradients) = if p.shards_grads() && layers > 0 {
+    // A stage without transformer layers (an embedding- or loss-only stage of a pipeline
+    // layout) holds its weights and gradients whole, as the graph reduces them.
+    let (weights, gradients) = if p.shards_grads() {
         let mut each: Vec<StageParams> = (job.chunk_layers(stage).into_iter().flatten())
             .map(|l| layer_params_at(job, l))
             .collect();
@@ -653,11 +654,6 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
         (
             weights,
             grad_bytes * (rest + largest(1)) + sharded(grad_bytes, layer_part),
-        )
-    } else if p.shards_grads() {
-        (
-            WEIGHT_BYTES_PER_PARAM * params.total(),
-            sharded(grad_bytes, params),
         )
     } else {
         (

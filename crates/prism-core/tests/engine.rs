@@ -1898,7 +1898,8 @@ fn zero3_memory_with_dense_first_layers() {
 /// Truth: ZeRO-3 memory = sharded layer weights and gradients plus two gathered layers of
 /// weights and one layer of unsharded gradients; ZeRO-2 has ZeRO-3's gradients (sharded
 /// layers, one layer being reduced, embedding and LM head whole) and whole weights; optimizer
-/// state is sharded from stage 1 on (closed forms from the parameter counts).
+/// state is sharded from stage 1 on; a stage without layers shards nothing but the optimizer
+/// state (closed forms from the parameter counts).
 #[test]
 fn zero_stage_memory_closed_forms() {
     use prism_core::memory::{layer_params_at, stage_memory, stage_params};
@@ -1934,6 +1935,23 @@ fn zero_stage_memory_closed_forms() {
     j0.parallel.set_zero_stage(0);
     let z0 = stage_memory(&valid(j0), 0);
     assert_eq!(z0.optimizer, 12 * p);
+    // A stage that holds only the embedding keeps its weights and gradients whole under
+    // ZeRO-2 and 3 (the graph reduces them once, after the last micro-batch) and shards only
+    // the optimizer state.
+    for stage in [2, 3] {
+        let mut e = job.clone();
+        e.parallel.pipeline_layout = Some(PipelineLayout::parse("E|ttttttttL").unwrap());
+        e.parallel.set_zero_stage(stage);
+        let e = valid(e);
+        assert_eq!(e.stage_layers()[0], 0);
+        let pe = stage_params(&e, 0).total();
+        let m = stage_memory(&e, 0);
+        assert_eq!(
+            (m.weights, m.gradients, m.optimizer),
+            (2 * pe, 4 * pe, (12 * pe).div_ceil(dp)),
+            "ZeRO-{stage}, embedding-only stage"
+        );
+    }
     // The stage and the distributed optimizer flag must agree.
     let mut bad = job.clone();
     bad.parallel.zero_stage = 3;
