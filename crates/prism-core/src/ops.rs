@@ -227,4 +227,14 @@ impl ComputeOp {
             && self.name.ends_with("_wgrad")
             && !self.name.starts_with("attn_")
     }
+
+    /// Whether this kernel is a GEMM of the output head (LM head; the graph names those
+    /// `lm_head_*`). FP8 training keeps the head in BF16 in every stack Prism models:
+    /// Megatron-Core builds it as its own `tensor_parallel.ColumnParallelLinear`, not a
+    /// Transformer Engine layer (`megatron/core/models/gpt/gpt_model.py`); DeepSeek-V3 retains
+    /// BF16 for "the embedding module, the output head" (arXiv:2412.19437 Sec. 3.3);
+    /// torchtitan's float8 conversion skips the `output` layer.
+    pub fn is_output_head(&self) -> bool {
+        self.class == OpClass::Gemm && self.name.starts_with("lm_head_")
+    }
 }

@@ -666,11 +666,13 @@ impl ComputeModel {
         }
     }
 
-    /// Whether `op` runs on FP8 tensor cores: GEMM-class kernels of an FP8 job.
+    /// Whether `op` runs on FP8 tensor cores: GEMM-class kernels of an FP8 job, except the
+    /// output head's ([`ComputeOp::is_output_head`]).
     fn runs_fp8(&self, op: &ComputeOp) -> bool {
         self.precision == Precision::Fp8
             && op.class == OpClass::Gemm
             && matches!(op.work, Work::Gemm { .. })
+            && !op.is_output_head()
             && self.peak_gemm != self.peak_bf16
     }
 
@@ -1271,7 +1273,7 @@ mod tests {
     }
 
     #[test]
-    fn fp8_gemm_is_faster_on_h100_but_attention_is_not() {
+    fn fp8_gemm_is_faster_on_h100_but_attention_router_and_head_are_not() {
         let job = h100_job();
         let mut f8 = job.clone();
         f8.training.precision = Precision::Fp8;
@@ -1307,6 +1309,14 @@ mod tests {
             ..op
         };
         assert_eq!(f8m.time_s(&router), bf.time_s(&router));
+        // So do the output head's three GEMMs (Megatron-Core's own ColumnParallelLinear,
+        // DeepSeek-V3's BF16 head, torchtitan's float8 filter on `output`).
+        for name in ["lm_head_fwd", "lm_head_dgrad", "lm_head_wgrad"] {
+            let head = ComputeOp { name, ..op };
+            assert!(head.is_output_head());
+            assert_eq!(f8m.time_s(&head), bf.time_s(&head), "{name}");
+        }
+        assert!(!op.is_output_head());
     }
 
     #[test]
