@@ -1139,7 +1139,7 @@ impl<'a> StageBuilder<'a> {
         input: u32,
         gather: bool,
     ) -> Vec<u32> {
-        let act = self.dims().t * self.dims().h * ACT_BYTES;
+        let act = self.dims().t * self.dims().h * self.tp_gather_bytes();
         let ag = if gather {
             self.collective(GroupKind::Tp, Collective::AllGather, act, tag, &[input])
         } else {
@@ -1150,6 +1150,21 @@ impl<'a> StageBuilder<'a> {
             std::iter::once(g).chain(ag).collect()
         } else {
             vec![self.compute(name, OpClass::Gemm, work, tag, &[ag.unwrap_or(input)])]
+        }
+    }
+
+    /// Bytes per element of the sequence-parallel all-gathers into a transformer layer's
+    /// GEMMs: the norm outputs gathered for the column-parallel GEMMs (forward and, again, for
+    /// their weight gradients) and the output gradients gathered for the row-parallel GEMMs'
+    /// backward. An FP8 job gathers them in FP8: Transformer Engine's norm kernels emit FP8
+    /// and the gather moves that tensor, and backward casts the output gradient to FP8 before
+    /// gathering it (`gather_along_first_dim` in TE 1.x; a quantized all-gather in 2.x). The
+    /// reduce-scatters of GEMM outputs stay BF16.
+    fn tp_gather_bytes(&self) -> u64 {
+        if self.job.training.precision == Precision::Fp8 {
+            1
+        } else {
+            ACT_BYTES
         }
     }
 
@@ -2172,7 +2187,7 @@ impl<'a> StageBuilder<'a> {
                 name: names.1,
                 work: wgrad,
                 tag,
-                bytes: reduce_bytes,
+                bytes: reduce_bytes / ACT_BYTES * self.tp_gather_bytes(),
                 input: grad_in,
             });
             return (rs.unwrap_or(dg), dg);
@@ -2186,7 +2201,7 @@ impl<'a> StageBuilder<'a> {
             let ag = self.collective(
                 GroupKind::Tp,
                 Collective::AllGather,
-                reduce_bytes,
+                reduce_bytes / ACT_BYTES * self.tp_gather_bytes(),
                 tag,
                 &[grad_in],
             );
@@ -2221,7 +2236,7 @@ impl<'a> StageBuilder<'a> {
         if !d.sp {
             return (vec![grad], vec![]);
         }
-        let act = d.t * d.h * ACT_BYTES;
+        let act = d.t * d.h * self.tp_gather_bytes();
         let ag = self.collective(GroupKind::Tp, Collective::AllGather, act, tag, &[grad]);
         match ag {
             Some(a) if self.tp_overlap() => (vec![grad], vec![a]),

@@ -3,9 +3,11 @@
 //! first-micro-batch flag lets Transformer Engine run once per iteration
 //! (`Training::fp8_weight_cache`).
 
+use prism_core::cost::comm::Collective;
 use prism_core::graph::{ExecutionGraph, OpKind, Phase};
 use prism_core::job::fixtures::small_job;
 use prism_core::job::{Job, Precision, Recompute};
+use prism_core::layout::GroupKind;
 use prism_core::ops::Work;
 use prism_core::{SimOptions, simulate};
 
@@ -127,5 +129,61 @@ fn fp8_weight_casts_follow_the_cache() {
         cast_bytes(&g, "fp8_cast_transpose_bwd")
             .iter()
             .all(|&b| b == 0)
+    );
+}
+
+/// Bytes of every TP collective of `op` in the graph, in program order.
+fn tp_bytes(g: &ExecutionGraph, op: Collective) -> Vec<u64> {
+    g.programs
+        .iter()
+        .flat_map(|p| p.kind.iter())
+        .filter_map(|k| match *k {
+            OpKind::Collective {
+                group: GroupKind::Tp,
+                op: o,
+                bytes,
+            } if o == op => Some(bytes),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Truth: with sequence parallelism an FP8 layer gathers its GEMM inputs in FP8 (Transformer
+/// Engine's norm kernels emit FP8 and the gather moves that tensor; backward casts the output
+/// gradient to FP8 before gathering it), so every TP all-gather of a transformer layer moves
+/// half the bytes of the BF16 job's, the LM head's input (a BF16 GEMM) excepted; the
+/// reduce-scatters of GEMM outputs stay BF16, byte for byte.
+#[test]
+fn fp8_sequence_parallel_gathers_move_one_byte_per_element() {
+    let f8 = fp8_job(true, Recompute::None);
+    let mut bf = f8.clone();
+    bf.training.precision = Precision::Bf16;
+    let (g8, g16) = (ExecutionGraph::build(&f8), ExecutionGraph::build(&bf));
+    let (ag8, ag16) = (
+        tp_bytes(&g8, Collective::AllGather),
+        tp_bytes(&g16, Collective::AllGather),
+    );
+    assert_eq!(ag8.len(), ag16.len());
+    let t_h = 2048 * 1024u64;
+    let (mut halved, mut whole) = (0, 0);
+    for (a, b) in ag8.iter().zip(&ag16) {
+        assert_eq!(*b, 2 * t_h, "BF16 gathers move 2 bytes per element");
+        if *a == t_h {
+            halved += 1;
+        } else {
+            assert_eq!(a, b);
+            whole += 1;
+        }
+    }
+    // Per micro-batch and layer: QKV and FC1 inputs forward, the same two again for their
+    // weight gradients, and the out-projection's and FC2's output gradients: 6 halved. The
+    // LM head's input (forward) and the embedding gradient (backward) stay BF16: 2 per
+    // micro-batch on the last and first stage.
+    let (m, layers) = (32, 8);
+    assert_eq!(halved, 6 * m * layers);
+    assert_eq!(whole, 2 * m);
+    assert_eq!(
+        tp_bytes(&g8, Collective::ReduceScatter),
+        tp_bytes(&g16, Collective::ReduceScatter)
     );
 }
