@@ -1378,19 +1378,9 @@ impl<'a> StageBuilder<'a> {
         }
         if self.job.training.precision == Precision::Fp8 {
             // The inputs of the out-projection and FC2 GEMMs are cast (LayerNorm and activation
-            // kernels emit FP8 themselves), and so are the weights of the layer's GEMMs: with
-            // the weight cache (Transformer Engine under Megatron-Core) cast and transposed
-            // together on the micro-batch that opens the iteration (read BF16, write FP8
-            // twice) and kept; without it cast here (read BF16, write FP8) every micro-batch
-            // and again, transposed, in backward.
-            let weights = self.layer_weights_local(layer);
-            let opens_iteration = tag.micro_batch == 0 && tag.phase == Phase::Forward;
-            let weight_bytes = match (self.job.training.fp8_weight_cache, opens_iteration) {
-                (true, true) => 4 * weights,
-                (true, false) => 0,
-                (false, _) => 3 * weights,
-            };
-            let bytes = weight_bytes + 3 * d.t * (d.o_local + d.ffn_local);
+            // kernels emit FP8 themselves), and the weights as the cache allows.
+            let bytes =
+                self.fp8_weight_cast_bytes(layer, tag) + 3 * d.t * (d.o_local + d.ffn_local);
             let c = self.compute(
                 "fp8_cast_fwd",
                 OpClass::Elementwise,
@@ -1413,6 +1403,23 @@ impl<'a> StageBuilder<'a> {
     fn layer_weights_local(&self, layer: u32) -> u64 {
         let (dense, expert) = self.layer_param_split(layer);
         dense + expert
+    }
+
+    /// Bytes the FP8 cast kernels of the pass `tag` move for `layer`'s weights. With the
+    /// weight cache (Transformer Engine under Megatron-Core, `Training::fp8_weight_cache`) the
+    /// weights are cast and transposed together (read BF16, write FP8 twice) on the forward
+    /// of the micro-batch that opens the iteration and kept for every other pass; without it
+    /// they are cast (read BF16, write FP8) in every forward, recomputed forward included, and
+    /// again, transposed, in every backward.
+    fn fp8_weight_cast_bytes(&self, layer: u32, tag: OpTag) -> u64 {
+        let weights = self.layer_weights_local(layer);
+        if !self.job.training.fp8_weight_cache {
+            3 * weights
+        } else if tag.phase == Phase::Forward && tag.micro_batch == 0 {
+            4 * weights
+        } else {
+            0
+        }
     }
 
     /// Attention core forward: one fused (flash) kernel, or Megatron's unfused sequence of
@@ -2178,6 +2185,8 @@ impl<'a> StageBuilder<'a> {
         reduce_bytes: u64,
     ) -> (u32, u32) {
         let d = self.dims();
+        // The SP input the weight gradient reads is gathered in the layer's gather type.
+        let gather_bytes = reduce_bytes / ACT_BYTES * self.tp_gather_bytes();
         if d.sp && self.defer_w {
             // Split backward: the input gradient is reduce-scattered now; the all-gather of
             // the SP input, which only the weight gradient reads, moves with it.
@@ -2187,7 +2196,7 @@ impl<'a> StageBuilder<'a> {
                 name: names.1,
                 work: wgrad,
                 tag,
-                bytes: reduce_bytes / ACT_BYTES * self.tp_gather_bytes(),
+                bytes: gather_bytes,
                 input: grad_in,
             });
             return (rs.unwrap_or(dg), dg);
@@ -2201,7 +2210,7 @@ impl<'a> StageBuilder<'a> {
             let ag = self.collective(
                 GroupKind::Tp,
                 Collective::AllGather,
-                reduce_bytes / ACT_BYTES * self.tp_gather_bytes(),
+                gather_bytes,
                 tag,
                 &[grad_in],
             );
@@ -2291,20 +2300,15 @@ impl<'a> StageBuilder<'a> {
         }
         if self.job.training.precision == Precision::Fp8 {
             // Transformer Engine casts and transposes every GEMM's output gradient to FP8 (read
-            // BF16, write FP8 twice); without the weight cache the weights are cast again,
-            // transposed, for the data gradients.
+            // BF16, write FP8 twice), and the weights for the data gradients as the cache
+            // allows.
             let n_fc1 = if m.activation == Activation::SwiGlu {
                 2 * d.ffn_local
             } else {
                 d.ffn_local
             };
             let grads = d.t * (d.q_local + 2 * d.kv_local + d.h + n_fc1 + d.h);
-            let weight_bytes = if self.job.training.fp8_weight_cache {
-                0
-            } else {
-                3 * self.layer_weights_local(layer)
-            };
-            let bytes = 4 * grads + weight_bytes;
+            let bytes = 4 * grads + self.fp8_weight_cast_bytes(layer, tag);
             cur = self.compute(
                 "fp8_cast_transpose_bwd",
                 OpClass::Elementwise,
