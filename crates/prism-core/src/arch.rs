@@ -149,6 +149,10 @@ pub struct Arch {
     pub moe_groups_per_token: u32,
     /// RMS norms over each query and key head (Qwen3, Gemma 3).
     pub qk_norm: bool,
+    /// Routed experts carry biases on both projections (gpt-oss). Their parameters are
+    /// negligible; what can cost time is adding them: stacks whose grouped GEMM has no bias
+    /// epilogue add them in separate kernels ([`crate::job::Stack::unfused_expert_bias_bytes`]).
+    pub expert_bias: bool,
 }
 
 impl Default for Arch {
@@ -167,6 +171,7 @@ impl Default for Arch {
             qk_norm: false,
             moe_groups: 0,
             moe_groups_per_token: 0,
+            expert_bias: false,
         }
     }
 }

@@ -26,11 +26,11 @@
 //!   parameter all-gather.
 //! - schedules: GPipe, 1F1B and interleaved 1F1B (Megatron's ordering).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::arch::{LocalAttention, WindowKind};
 use crate::cost::comm::Collective;
-use crate::job::{Activation, Job, Precision, Recompute, Schedule};
+use crate::job::{Activation, Job, Precision, Recompute, Schedule, Zero3Sync};
 use crate::layout::{GroupKind, Layout};
 use crate::ops::{ComputeOp, OpClass, Work};
 use crate::schedules::PipeStep;
@@ -507,6 +507,9 @@ struct StageBuilder<'a> {
     /// ZeRO-3: the gather the next layer computation (forward, recompute or backward) waits
     /// for; taken by that layer's first op.
     zero3_ready: Option<u32>,
+    /// ZeRO-3 synced once per schedule run ([`Job::zero3_syncs_per_round`]): the chunks whose
+    /// layers' parameters are held gathered until the run's last backward.
+    zero3_held: BTreeSet<u32>,
     /// Zero-bubble split: the weight-gradient ops of the backward being built are recorded
     /// in `pending_w` instead of emitted.
     defer_w: bool,
@@ -588,6 +591,7 @@ impl<'a> StageBuilder<'a> {
             embedding_param_ready: None,
             lm_head_param_ready: None,
             zero3_ready: None,
+            zero3_held: BTreeSet::new(),
             defer_w: false,
             pending_w: Vec::new(),
             pre_recv: None,
@@ -888,8 +892,19 @@ impl<'a> StageBuilder<'a> {
         }
         let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().collect();
         let mut gathers = Zero3Gathers::default();
+        // Parameters still held from this schedule run's first forward need no gather.
+        let gather = !self.zero3_held.contains(&chunk);
+        let par = &self.job.parallel;
+        if par.shards_params()
+            && par.zero3_grad_sync != Zero3Sync::MicroBatch
+            && !par.reshard_after_forward
+        {
+            self.zero3_held.insert(chunk);
+        }
         for (i, &layer) in layers.iter().enumerate() {
-            self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
+            if gather {
+                self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
+            }
             cur = Some(self.layer_forward(mb, layer, cur, Phase::Forward));
         }
         if self.is_last_chunk(chunk) {
@@ -1331,6 +1346,16 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[c],
             );
+            let bias = self.unfused_expert_bias();
+            if let Some((b1, ..)) = bias {
+                self.compute(
+                    "expert_fc1_bias_fwd",
+                    OpClass::Elementwise,
+                    Self::mem(b1 * pairs * n_fc1),
+                    tag,
+                    &[],
+                );
+            }
             self.compute(
                 "expert_act_fwd",
                 OpClass::Elementwise,
@@ -1338,7 +1363,7 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
-            let fc2 = self.compute(
+            let mut fc2 = self.compute(
                 "expert_fc2_fwd",
                 OpClass::Gemm,
                 Work::Gemm {
@@ -1350,6 +1375,15 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
+            if let Some((_, b2, ..)) = bias {
+                fc2 = self.compute(
+                    "expert_fc2_bias_fwd",
+                    OpClass::Elementwise,
+                    Self::mem(b2 * pairs * d.h),
+                    tag,
+                    &[],
+                );
+            }
             cur = vec![
                 self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
                     .unwrap_or(fc2),
@@ -1928,7 +1962,7 @@ impl<'a> StageBuilder<'a> {
     /// inputs, the saved activations and the output gradients, exist by then); each layer's
     /// last one marks its gradients final for the data-parallel reduction, and with ZeRO-3
     /// the layer's per-micro-batch gradient reduce-scatter follows it.
-    fn weight_step(&mut self, mb: u32, chunk: u32, _m: u32) {
+    fn weight_step(&mut self, mb: u32, chunk: u32, m: u32) {
         let ops = self
             .deferred_w
             .remove(&(mb, chunk))
@@ -1977,7 +2011,7 @@ impl<'a> StageBuilder<'a> {
                 self.mark_grad_ready(layer, op);
             }
         }
-        if self.job.parallel.shards_grads() {
+        if self.reduces_gradients(mb, chunk, m) {
             let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
             for layer in layers {
                 if let Some(&op) = last_of_layer.get(&layer) {
@@ -1985,6 +2019,44 @@ impl<'a> StageBuilder<'a> {
                 }
             }
         }
+    }
+
+    /// Bytes per element of the routed experts' bias adds where the stack runs them as
+    /// kernels of their own ([`crate::job::Stack::unfused_expert_bias_bytes`]).
+    fn unfused_expert_bias(&self) -> Option<(u64, u64, u64, u64)> {
+        let j = self.job;
+        if !j.model.arch.expert_bias {
+            return None;
+        }
+        j.training.stack.unfused_expert_bias_bytes()
+    }
+
+    /// Whether micro-batch `mb`'s backward of `chunk` reduce-scatters its layers' gradients:
+    /// every micro-batch's with sharded gradients (ZeRO-2 and 3), or, where ZeRO-3 syncs once
+    /// per schedule run or iteration ([`Zero3Sync`]), the last backward of the chunk in it
+    /// only (which also releases the parameters held since the first forward).
+    fn reduces_gradients(&mut self, mb: u32, chunk: u32, m: u32) -> bool {
+        let par = &self.job.parallel;
+        if !par.shards_grads() {
+            return false;
+        }
+        let span = match par.zero3_grad_sync {
+            _ if !par.shards_params() => return true,
+            Zero3Sync::MicroBatch => return true,
+            Zero3Sync::ScheduleRun => m / par.pipeline_rounds.max(1),
+            Zero3Sync::Iteration => m,
+        };
+        let off = mb - mb % span;
+        let last = if self.dualpipe() {
+            // Direction `chunk` runs micro-batches chunk x span/2 .. (chunk + 1) x span/2.
+            off + (chunk + 1) * (span / 2) - 1 == mb
+        } else {
+            mb % span == span - 1
+        };
+        if last {
+            self.zero3_held.remove(&chunk);
+        }
+        last
     }
 
     /// ZeRO-2 and 3 (sharded gradients): micro-batch `mb`'s gradients of `layer` are
@@ -2062,8 +2134,14 @@ impl<'a> StageBuilder<'a> {
         }
         let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().rev().collect();
         let mut gathers = Zero3Gathers::default();
+        // Without resharding after the forward, the forward's gather serves the backward
+        // (and the recomputed forward).
+        let gather = self.job.parallel.reshard_after_forward;
+        let reduce = self.reduces_gradients(mb, chunk, m);
         for (i, &layer) in layers.iter().enumerate() {
-            self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
+            if gather {
+                self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
+            }
             if self.job.parallel.recompute == Recompute::Full {
                 self.layer_forward(mb, layer, cur, Phase::Recompute);
             }
@@ -2073,7 +2151,7 @@ impl<'a> StageBuilder<'a> {
                 self.mark_grad_ready(layer, out.1);
             }
             // (With the split, the weight step reduces the layer's gradients.)
-            if self.job.parallel.shards_grads() && !self.defer_w {
+            if reduce && !self.defer_w {
                 self.micro_batch_reduce_scatter(mb, layer, out.1);
             }
         }
@@ -2353,6 +2431,16 @@ impl<'a> StageBuilder<'a> {
                     &[],
                 );
             }
+            let bias = self.unfused_expert_bias();
+            if let Some((_, _, _, b2)) = bias {
+                cur = self.compute(
+                    "expert_fc2_bias_bwd",
+                    OpClass::Elementwise,
+                    Self::mem(b2 * pairs * d.h),
+                    tag,
+                    &[cur],
+                );
+            }
             self.compute(
                 "expert_fc2_dgrad",
                 OpClass::Gemm,
@@ -2383,6 +2471,15 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
+            if let Some((_, _, b1, _)) = bias {
+                self.compute(
+                    "expert_fc1_bias_bwd",
+                    OpClass::Elementwise,
+                    Self::mem(b1 * pairs * n_fc1),
+                    tag,
+                    &[],
+                );
+            }
             let dg = self.compute(
                 "expert_fc1_dgrad",
                 OpClass::Gemm,
@@ -2543,11 +2640,34 @@ impl<'a> StageBuilder<'a> {
     /// order backward finishes their gradients (last layer first), each bucket at least
     /// `dp_bucket_mparams` parameters, as Megatron-Core forms them.
     fn plan_buckets(&self) -> Vec<Bucket> {
+        let par = &self.job.parallel;
+        let bucket_params = (par.dp_bucket_mparams * 1e6).max(1.0) as u64;
+        // ZeRO-3 reduces each layer's gradients in every micro-batch (backward_step) and
+        // gathers each layer's parameters itself.
+        let items = self.param_items(!par.shards_params());
+        let mut out = Vec::new();
+        let mut cur = Bucket::default();
+        let n = items.len();
+        for (i, (item, dense, expert)) in items.into_iter().enumerate() {
+            cur.items.push(item);
+            cur.dense += dense;
+            cur.expert += expert;
+            if cur.dense + cur.expert >= bucket_params || i == n - 1 {
+                out.push(std::mem::take(&mut cur));
+            }
+        }
+        out
+    }
+
+    /// The parameters this stage holds (after tensor and expert parallelism, before any
+    /// ZeRO sharding) in the order backward finishes their gradients: the LM head, the
+    /// layers from the last, the embedding; with their (dense, expert) parameter counts.
+    /// `with_layers = false` leaves the transformer layers out.
+    fn param_items(&self, with_layers: bool) -> Vec<(Item, u64, u64)> {
         let j = self.job;
         let m = &j.model;
         let par = &j.parallel;
         let tp = par.tp as u64;
-        let bucket_params = (par.dp_bucket_mparams * 1e6).max(1.0) as u64;
         let emb = m.vocab as u64 * m.hidden as u64 / tp;
         let mut items: Vec<(Item, u64, u64)> = Vec::new();
         if self.is_last_chunk_on_stage() {
@@ -2564,9 +2684,7 @@ impl<'a> StageBuilder<'a> {
             // gradients first.
             layers.extend(m.layers..m.layers + m.arch.mtp_depth);
         }
-        if par.shards_params() {
-            // ZeRO-3 reduces each layer's gradients in every micro-batch (backward_step) and
-            // gathers each layer's parameters itself.
+        if !with_layers {
             layers.clear();
         }
         layers.sort_unstable_by(|a, b| b.cmp(a));
@@ -2574,24 +2692,10 @@ impl<'a> StageBuilder<'a> {
             let (dense_layer, expert_layer) = self.layer_param_split(l);
             items.push((Item::Layer(l), dense_layer, expert_layer));
         }
-        if self.stage == 0 || self.dualpipe() && self.stage == self.job.parallel.pp - 1 {
+        if self.stage == 0 || self.dualpipe() && self.stage == par.pp - 1 {
             items.push((Item::Embedding, emb, 0));
         }
-        let mut out = Vec::new();
-        let mut cur = Bucket::default();
-        let n = items.len();
-        if n == 0 {
-            return out;
-        }
-        for (i, (item, dense, expert)) in items.into_iter().enumerate() {
-            cur.items.push(item);
-            cur.dense += dense;
-            cur.expert += expert;
-            if cur.dense + cur.expert >= bucket_params || i == n - 1 {
-                out.push(std::mem::take(&mut cur));
-            }
-        }
-        out
+        items
     }
 
     /// Parameters of one transformer layer on this GPU: (dense, expert), after tensor and
@@ -2762,8 +2866,10 @@ impl<'a> StageBuilder<'a> {
             let (d, e) = self.data_parallel(reduce, dense, expert, bytes, tag, &[dep]);
             dp_ops.extend(d.into_iter().chain(e));
         }
-        let local_dense: u64 = self.buckets.iter().map(|b| b.dense).sum();
-        let local_expert: u64 = self.buckets.iter().map(|b| b.expert).sum();
+        // The optimizer updates every parameter of the stage (the memory model's count), the
+        // layers too under ZeRO-3 (whose buckets hold none).
+        let held = crate::memory::stage_params(self.job, self.stage);
+        let (local_dense, local_expert) = (held.dense, held.expert);
         let (shard_d, shard_e) = if par.distributed_optimizer {
             let dpcp = (par.dp * par.cp) as u64;
             let edp = (par.dp / par.ep * par.cp) as u64;

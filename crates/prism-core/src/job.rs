@@ -434,6 +434,42 @@ pub struct Parallel {
     /// every TP rank sends the whole activation. No effect with sequence parallelism (the
     /// activation is already split).
     pub pp_scatter_gather: bool,
+    /// ZeRO-3: a layer's gathered parameters are freed after its forward and gathered again
+    /// for its backward (PyTorch FSDP2 `reshard_after_forward = True`, DeepSpeed ZeRO-3).
+    /// `false` keeps them from the forward to the backward: one gather per micro-batch
+    /// instead of two, every layer of the stage held whole in between. No effect below
+    /// ZeRO-3.
+    pub reshard_after_forward: bool,
+    /// ZeRO-3: when a layer's gradients are reduce-scattered ([`Zero3Sync`]).
+    pub zero3_grad_sync: Zero3Sync,
+}
+
+/// When ZeRO-3 (FSDP) reduce-scatters a layer's gradients, and so how long its gathered
+/// parameters may stay whole.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Zero3Sync {
+    /// After every micro-batch's backward (FSDP's default, DeepSpeed ZeRO-3); the
+    /// parameters are resharded after each backward.
+    #[default]
+    MicroBatch,
+    /// After a stage's last backward of each run of the pipeline schedule
+    /// (`parallel.pipeline_rounds`): torch.distributed.pipelining turns FSDP's gradient sync
+    /// and resharding off for every other backward (`backward_maybe_with_nosync`).
+    ScheduleRun,
+    /// After the last backward of the iteration (FSDP2 `set_requires_gradient_sync(False)`
+    /// over the accumulation; NeMo AutoModel's `enable_fsdp_optimizations`).
+    Iteration,
+}
+
+impl Zero3Sync {
+    /// The job-file name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Zero3Sync::MicroBatch => "micro-batch",
+            Zero3Sync::ScheduleRun => "schedule-run",
+            Zero3Sync::Iteration => "iteration",
+        }
+    }
 }
 
 impl Parallel {
@@ -689,6 +725,45 @@ impl Stack {
         match self {
             Stack::MegatronCore | Stack::MegatronLm2021 | Stack::DeepSpeed => (38, 14),
             Stack::TorchTitan => (14, 22),
+        }
+    }
+
+    /// Whether ZeRO-3 frees a layer's gathered parameters after its forward unless the job
+    /// says otherwise: torchtitan's `reshard_after_forward_policy = "default"` does without
+    /// pipeline parallelism and does not with it ("to avoid per-microbatch all-gathers");
+    /// DeepSpeed's ZeRO-3 always does.
+    pub fn reshard_after_forward(self, pp: u32) -> bool {
+        !(self == Stack::TorchTitan && pp > 1)
+    }
+
+    /// When the stack's ZeRO-3 reduce-scatters gradients unless the job says otherwise:
+    /// torchtitan's pipeline schedules (torch.distributed.pipelining) sync once per schedule
+    /// run, every other ZeRO-3 after each micro-batch.
+    pub fn zero3_grad_sync(self, pp: u32) -> Zero3Sync {
+        if self == Stack::TorchTitan && pp > 1 {
+            Zero3Sync::ScheduleRun
+        } else {
+            Zero3Sync::MicroBatch
+        }
+    }
+
+    /// HBM bytes per element that adding routed experts' biases ([`crate::arch::Arch::expert_bias`])
+    /// moves outside the grouped GEMMs, as `(fc1 forward, fc2 forward, fc1 backward, fc2
+    /// backward)`, per element of the fc1 output (`tokens x n_fc1`) or fc2 output (`tokens x
+    /// hidden`); `None` where the bias is added in the GEMM's epilogue (Megatron-Core's
+    /// Transformer Engine `GroupedLinear`, the Megatron stacks).
+    ///
+    /// torchtitan's stack prices NeMo AutoModel's `GroupedExpertsDeepEP._apply_bias` (the
+    /// code of the 2025-10-06 performance summary): the output is split per local expert, each
+    /// piece gets `t + b` and the pieces are concatenated, so fc1 reads and writes its output
+    /// twice (8 bytes); fc2 adds `b x p` with the FP32 routing weight, which promotes the sum
+    /// to FP32 (read 2, write 4), concatenates it (4 + 4) and casts it back to BF16 (4 + 2): 20.
+    /// Backward: fc1's bias gradient sums its output gradient (2); fc2 casts the gradient to
+    /// FP32 (2 + 4), back to BF16 for the GEMM (4 + 2) and sums the FP32 one for its bias (4): 16.
+    pub fn unfused_expert_bias_bytes(self) -> Option<(u64, u64, u64, u64)> {
+        match self {
+            Stack::TorchTitan => Some((8, 20, 2, 16)),
+            Stack::MegatronCore | Stack::MegatronLm2021 | Stack::DeepSpeed => None,
         }
     }
 
@@ -1715,6 +1790,8 @@ pub mod fixtures {
                 gradient_accumulation_fusion: true,
                 pipeline_rounds: 1,
                 pp_scatter_gather: true,
+                reshard_after_forward: true,
+                zero3_grad_sync: Zero3Sync::MicroBatch,
             },
             training: Training {
                 global_batch,

@@ -29,7 +29,7 @@
 //!   of optimizer state per parameter), norm and MLA up-projection recomputation and FP8
 //!   activation caching (see [`layer_activation_bytes_at`]).
 
-use crate::job::{Job, Recompute, Schedule};
+use crate::job::{Job, Recompute, Schedule, Zero3Sync};
 
 /// Fixed reserve per GPU for the CUDA context and cuBLAS/cuDNN workspaces (~0.5 GiB together),
 /// NCCL communication buffers (a few hundred MiB with several communicators) and caching
@@ -643,18 +643,36 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
                 expert: a.expert + b.expert,
             });
         each.sort_by_key(|x| std::cmp::Reverse(x.total()));
-        let largest = |n: u64| each.iter().take(n as usize).map(|x| x.total()).sum::<u64>();
         let rest = params.total() - layer_part.total();
+        // Every layer's shard at `bytes` per parameter, plus the `n` largest layers gathered
+        // whole beside their shards (FSDP's unsharded buffers; a part whose group has one rank
+        // is never gathered: its shard is the whole).
+        let whole = |n: usize, bytes: u64| {
+            let gathered: u64 = each
+                .iter()
+                .take(n)
+                .map(|x| {
+                    (if dp_cp > 1 { x.dense } else { 0 }) + (if edp_cp > 1 { x.expert } else { 0 })
+                })
+                .sum();
+            bytes * gathered + sharded(bytes, layer_part)
+        };
+        // Without resharding after the forward every layer of the stage is gathered between
+        // its forward and backward; with a deferred sync (`Zero3Sync`) the stage's layers
+        // stay gathered, and their gradients unreduced, over the whole span.
+        let deferred = p.shards_params() && p.zero3_grad_sync != Zero3Sync::MicroBatch;
         let weights = if p.shards_params() {
-            let window = largest(ZERO3_GATHERED_LAYERS);
-            WEIGHT_BYTES_PER_PARAM * (rest + window) + sharded(WEIGHT_BYTES_PER_PARAM, layer_part)
+            let window = if p.reshard_after_forward {
+                ZERO3_GATHERED_LAYERS as usize
+            } else {
+                each.len()
+            };
+            WEIGHT_BYTES_PER_PARAM * rest + whole(window, WEIGHT_BYTES_PER_PARAM)
         } else {
             WEIGHT_BYTES_PER_PARAM * params.total()
         };
-        (
-            weights,
-            grad_bytes * (rest + largest(1)) + sharded(grad_bytes, layer_part),
-        )
+        let unreduced = if deferred { each.len() } else { 1 };
+        (weights, grad_bytes * rest + whole(unreduced, grad_bytes))
     } else {
         (
             WEIGHT_BYTES_PER_PARAM * params.total(),

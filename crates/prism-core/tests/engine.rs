@@ -1859,7 +1859,8 @@ fn zero2_reduces_every_micro_batch_and_keeps_parameters_whole() {
 }
 
 /// Truth: with layers of different sizes on a stage (a MoE model's dense first layers) ZeRO-3
-/// shards the sum of the stage's own layers and holds its two largest gathered: the weights
+/// shards the sum of the stage's own layers and holds its two largest gathered (beside their
+/// shards; experts whose expert-data-parallel group has one rank are never gathered): the weights
 /// equal that closed form, the figures stay below the unsharded ones (before, a per-layer
 /// share taken from the first, dense, layers exceeded the stage's parameters and the
 /// subtraction wrapped to ~2^64 bytes).
@@ -1875,18 +1876,21 @@ fn zero3_memory_with_dense_first_layers() {
     for stage in 0..job.parallel.pp {
         let p = stage_params(&job, stage);
         let layers: Vec<u32> = job.chunk_layers(stage).into_iter().flatten().collect();
-        let mut each: Vec<u64> = layers
-            .iter()
-            .map(|&l| layer_params_at(&job, l).total())
-            .collect();
+        let mut each: Vec<prism_core::memory::StageParams> =
+            layers.iter().map(|&l| layer_params_at(&job, l)).collect();
         let (d, e) = layers.iter().fold((0, 0), |(d, e), &l| {
             let x = layer_params_at(&job, l);
             (d + x.dense, e + x.expert)
         });
-        each.sort_unstable_by(|a, b| b.cmp(a));
+        each.sort_by_key(|x| std::cmp::Reverse(x.total()));
+        // A part whose group has one rank (here the experts: ep = dp) is never gathered.
+        let gathered =
+            |x: &prism_core::memory::StageParams| x.dense + if edp > 1 { x.expert } else { 0 };
         let rest = p.total() - d - e;
         let m = stage_memory(&job, stage);
-        let want = 2 * (rest + each[0] + each[1]) + (2 * d).div_ceil(dp) + (2 * e).div_ceil(edp);
+        let want = 2 * (rest + gathered(&each[0]) + gathered(&each[1]))
+            + (2 * d).div_ceil(dp)
+            + (2 * e).div_ceil(edp);
         assert_eq!(m.weights, want, "stage {stage}");
         assert!(
             m.weights < 2 * p.total() && m.gradients < 4 * p.total(),

@@ -601,8 +601,9 @@ fn bubbles_match_the_step_timeline() {
 }
 
 /// The graph of `job`, launch-free compute parameters and a kernel table that makes the
-/// embedding, final norm, LM head and loss free, so that every pipeline chunk costs the same and
-/// a schedule's bubble can be compared with its closed form.
+/// embedding, final norm, LM head, loss and optimizer step free, so that every pipeline chunk
+/// costs the same and a schedule's bubble can be compared with its closed form (the last
+/// stage's optimizer also updates the final norm).
 fn free_extras(
     job: &Job,
 ) -> (
@@ -611,7 +612,8 @@ fn free_extras(
     prism_core::cost::compute::KernelTable,
 ) {
     use prism_core::cost::compute::{ComputeParams, KernelTable, shape_key};
-    const EXTRAS: [&str; 9] = [
+    const EXTRAS: [&str; 10] = [
+        "optimizer_step",
         "embedding_fwd",
         "embedding_bwd",
         "final_norm_fwd",

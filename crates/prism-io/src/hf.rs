@@ -44,8 +44,9 @@
 //! | `use_qk_norm` / family | query/key RMS norms (Qwen3, Gemma 3, GLM-4.5 when `use_qk_norm`; Llama 4's L2 norm has no weights) |
 //! | `partial_rotary_factor` | read, costed as free (RoPE on part of each head is elementwise work fused into the attention prologue) |
 //! | `attn_logit_softcapping`, `final_logit_softcapping` | read, costed as free (an elementwise op fused into the attention / loss kernels) |
+//! | family `gpt_oss` | `expert_bias`: biases on both expert projections (their adds cost time on stacks without a bias epilogue) |
 //!
-//! Not counted: biases (`attention_bias`, gpt-oss' expert biases; below 0.01% of the
+//! Not counted in the parameters: biases (`attention_bias`, gpt-oss' expert biases; below 0.01% of the
 //! parameters) and Gemma's extra pre/post-feed-forward norms (`2h` per layer).
 
 use prism_core::arch::{Arch, Mla, WindowKind};
@@ -506,6 +507,8 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
         "glm4_moe" => cfg.use_qk_norm.unwrap_or(false),
         _ => false,
     };
+    // gpt-oss' experts have biases on both projections (no config key; the architecture).
+    arch.expert_bias = family == "gpt_oss";
 
     // Local attention.
     let window_on = match (cfg.sliding_window, cfg.use_sliding_window) {

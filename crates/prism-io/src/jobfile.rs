@@ -24,7 +24,9 @@ use prism_core::job::{
     Activation, Cluster, Gpu, Job, JobError, MAX_GPUS, MAX_LAYERS, Model, Moe, Parallel, Precision,
     RankOrder, Recompute, Schedule, Stack, Topology, Training,
 };
-use prism_core::job::{ActivationCache, MemorySaving, MoeDispatcher, OptimizerStateDtype};
+use prism_core::job::{
+    ActivationCache, MemorySaving, MoeDispatcher, OptimizerStateDtype, Zero3Sync,
+};
 use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
     CommRegime, Dist, FailSlow, Failures, GpuSpeed, KernelJitter, Variability,
@@ -250,6 +252,7 @@ const MODEL_FIELDS: &[Field] = &[
     fld("attention_global_every", Ty::U32),
     alias("mtp_depth", Ty::U32, &["mtp_num_layers"]),
     fld("qk_norm", Ty::Bool),
+    fld("expert_bias", Ty::Bool),
 ];
 
 const CLUSTER_FIELDS: &[Field] = &[
@@ -328,6 +331,8 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("grad_reduce_in_bf16", Ty::Bool),
     fld("gradient_accumulation_fusion", Ty::Bool),
     fld("pp_scatter_gather", Ty::Bool),
+    fld("reshard_after_forward", Ty::Bool),
+    fld("zero3_grad_sync", Ty::Str),
     fld("pipeline_rounds", Ty::U32),
     fld("moe_dispatcher", Ty::Str),
 ];
@@ -1556,6 +1561,9 @@ fn model_fields(m: &Model, src: &Src) -> BTreeMap<&'static str, Entry> {
     if a.qk_norm {
         put("qk_norm", Val::Bool(true));
     }
+    if a.expert_bias {
+        put("expert_bias", Val::Bool(true));
+    }
     out
 }
 
@@ -2285,6 +2293,7 @@ fn build_arch(
             .unwrap_or(d.attention_global_every),
         mtp_depth: g.u32("mtp_depth")?.unwrap_or(d.mtp_depth),
         qk_norm: g.bool("qk_norm")?.unwrap_or(d.qk_norm),
+        expert_bias: g.bool("expert_bias")?.unwrap_or(d.expert_bias),
         moe_groups: g.u32("moe_groups")?.unwrap_or(d.moe_groups),
         moe_groups_per_token: g
             .u32("moe_groups_per_token")?
@@ -2838,6 +2847,19 @@ fn build_parallel(
             .bool("gradient_accumulation_fusion")?
             .unwrap_or(sd.gradient_accumulation_fusion),
         pp_scatter_gather: g.bool("pp_scatter_gather")?.unwrap_or(sd.pp_scatter_gather),
+        reshard_after_forward: g
+            .bool("reshard_after_forward")?
+            .unwrap_or(stack.reshard_after_forward(pp)),
+        zero3_grad_sync: g
+            .choice(
+                "zero3_grad_sync",
+                &[
+                    ("micro-batch", Zero3Sync::MicroBatch),
+                    ("schedule-run", Zero3Sync::ScheduleRun),
+                    ("iteration", Zero3Sync::Iteration),
+                ],
+            )?
+            .unwrap_or(stack.zero3_grad_sync(pp)),
         pipeline_rounds: g.u32("pipeline_rounds")?.unwrap_or(1),
         moe_dispatcher: g
             .choice(

@@ -66,7 +66,8 @@ pub fn rank_json(r: &RankTiming, layout: &Layout) -> Value {
 /// `model_flops`, `hardware_flops`, `graph_ops`, `programs`, `events`, `tokens_per_s_per_gpu`,
 /// `ranks_simulated` and `parallel` (the job's `tp`, `pp`, `cp`, `ep`, `dp`, `vpp`,
 /// `micro_batch`, `schedule`, `recompute`, `sequence_parallel`, `distributed_optimizer`,
-/// `zero_stage`, `order`, `stack`, `global_batch`, `precision`). `ranks` (per-rank timings) is present when at most
+/// `zero_stage`, `order`, `stack`, `global_batch`, `precision`; with ZeRO-3 also
+/// `reshard_after_forward` and `zero3_grad_sync`). `ranks` (per-rank timings) is present when at most
 /// [`MAX_LISTED_RANKS`] ranks were simulated.
 pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     let s = &result.summary;
@@ -138,6 +139,11 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     }
     if p.moe_dispatcher == prism_core::job::MoeDispatcher::DeepEp {
         v["parallel"]["moe_dispatcher"] = json!("deepep");
+    }
+    // ZeRO-3's gather and reduce rhythm, listed for ZeRO-3 jobs only.
+    if p.shards_params() {
+        v["parallel"]["reshard_after_forward"] = json!(p.reshard_after_forward);
+        v["parallel"]["zero3_grad_sync"] = json!(p.zero3_grad_sync.name());
     }
     // DeepSeek-V3's memory savings, listed only when one is on (the default output is as
     // before).

@@ -206,6 +206,9 @@ fn gpt_oss() {
         (m.arch.attention_window, m.arch.attention_global_every),
         (128, 2)
     );
+    // Its experts carry biases (the architecture; no config key says so), no other family's.
+    assert!(m.arch.expert_bias);
+    assert!(!read("hf/qwen3-30b-a3b.json").arch.expert_bias);
     assert_published("gpt-oss-120b total", m.params(), 116.83, 0.01);
     assert_published(
         "gpt-oss-120b active",
@@ -358,6 +361,7 @@ fn qwen3_30b_a3b() {
 #[test]
 fn gpt_oss_presets() {
     let p20 = preset_model("gpt-oss-20b");
+    assert!(p20.arch.expert_bias);
     assert_published("gpt-oss-20b total", p20.params(), 20.91, 0.01);
     assert_published(
         "gpt-oss-20b active",

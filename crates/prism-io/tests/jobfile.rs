@@ -1943,7 +1943,7 @@ fn zero_stage_keys() {
 /// stack's own rules name the key that breaks them.
 #[test]
 fn training_stack_sets_defaults() {
-    use prism_core::job::Stack;
+    use prism_core::job::{Stack, Zero3Sync};
     let get = |sets: &[&str]| ok(SMALL, sets).job;
     let core = get(&[]);
     assert_eq!(core.training.stack, Stack::MegatronCore);
@@ -1968,7 +1968,45 @@ fn training_stack_sets_defaults() {
         );
         assert_eq!(p.pp_scatter_gather, d.pp_scatter_gather);
         assert_eq!(j.training.fp8_weight_cache, d.fp8_weight_cache);
+        assert_eq!(p.reshard_after_forward, stack.reshard_after_forward(p.pp));
+        assert_eq!(p.zero3_grad_sync, stack.zero3_grad_sync(p.pp));
     }
+    // FSDP under torchtitan: with pipeline parallelism (SMALL has pp = 2) parameters stay
+    // gathered over a schedule run and gradients are reduced once per run
+    // (torch.distributed.pipelining); without it, resharded after each forward and reduced
+    // after every micro-batch. Megatron-Core and DeepSpeed reduce per micro-batch.
+    let tt = get(&["training.stack=torchtitan"]);
+    assert!(!tt.parallel.reshard_after_forward);
+    assert_eq!(tt.parallel.zero3_grad_sync, Zero3Sync::ScheduleRun);
+    let tt1 = get(&["training.stack=torchtitan", "parallel.pp=1"]);
+    assert!(tt1.parallel.reshard_after_forward);
+    assert_eq!(tt1.parallel.zero3_grad_sync, Zero3Sync::MicroBatch);
+    assert!(core.parallel.reshard_after_forward);
+    assert_eq!(core.parallel.zero3_grad_sync, Zero3Sync::MicroBatch);
+    let set = get(&[
+        "training.stack=torchtitan",
+        "parallel.reshard_after_forward=true",
+        "parallel.zero3_grad_sync=iteration",
+    ]);
+    assert!(set.parallel.reshard_after_forward);
+    assert_eq!(set.parallel.zero3_grad_sync, Zero3Sync::Iteration);
+    fails(
+        SMALL,
+        &["parallel.zero3_grad_sync=step"],
+        "parallel.zero3_grad_sync",
+        &[
+            "must be one of",
+            "\"micro-batch\"",
+            "\"schedule-run\"",
+            "\"iteration\"",
+        ],
+    );
+    fails(
+        SMALL,
+        &["parallel.reshard_after_forward=1"],
+        "parallel.reshard_after_forward",
+        &["bool"],
+    );
     // Transformer Engine under Megatron-Core keeps the FP8 weights across micro-batches;
     // torchao's Float8Linear (torchtitan) casts them every time.
     assert!(core.training.fp8_weight_cache);
