@@ -23,23 +23,11 @@ fn fp8_job(cache: bool, recompute: Recompute) -> Job {
     job
 }
 
+mod common;
+
 /// Memory bytes of the compute ops called `name`, summed per program (pipeline stage).
 fn cast_bytes(g: &ExecutionGraph, name: &str) -> Vec<u64> {
-    g.programs
-        .iter()
-        .map(|p| {
-            p.kind
-                .iter()
-                .map(|k| match k {
-                    OpKind::Compute(op) if op.name == name => match op.work {
-                        Work::Memory { bytes } => bytes,
-                        ref w => panic!("{name} is memory-bound, got {w:?}"),
-                    },
-                    _ => 0,
-                })
-                .sum()
-        })
-        .collect()
+    common::memory_bytes_per_program(g, name)
 }
 
 /// Truth, per stage of 4 layers, with W the layer's weights on one GPU (`layer_params / tp`)

@@ -186,19 +186,11 @@ fn zero3_memory_holds_what_the_rhythm_keeps() {
     }
 }
 
+mod common;
+
 /// Memory bytes of the compute ops called `name` over the whole graph.
 fn op_bytes(g: &ExecutionGraph, name: &str) -> u64 {
-    g.programs
-        .iter()
-        .flat_map(|p| p.kind.iter())
-        .map(|k| match k {
-            OpKind::Compute(op) if op.name == name => match op.work {
-                Work::Memory { bytes } => bytes,
-                ref w => panic!("{name} is memory-bound, got {w:?}"),
-            },
-            _ => 0,
-        })
-        .sum()
+    common::memory_bytes_per_program(g, name).iter().sum()
 }
 
 /// Truth: under torchtitan's stack the routed experts' biases are added in kernels of their

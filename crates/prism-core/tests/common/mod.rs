@@ -1,0 +1,24 @@
+//! Helpers shared by the integration tests.
+
+use prism_core::graph::{ExecutionGraph, OpKind};
+use prism_core::ops::Work;
+
+/// Memory bytes of the compute ops called `name`, summed per program (pipeline stage); panics
+/// where such an op is not memory-bound.
+pub fn memory_bytes_per_program(g: &ExecutionGraph, name: &str) -> Vec<u64> {
+    g.programs
+        .iter()
+        .map(|p| {
+            p.kind
+                .iter()
+                .map(|k| match k {
+                    OpKind::Compute(op) if op.name == name => match op.work {
+                        Work::Memory { bytes } => bytes,
+                        ref w => panic!("{name} is memory-bound, got {w:?}"),
+                    },
+                    _ => 0,
+                })
+                .sum()
+        })
+        .collect()
+}
