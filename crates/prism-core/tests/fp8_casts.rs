@@ -18,9 +18,7 @@ fn fp8_job(cache: bool, recompute: Recompute) -> Job {
     job.training.precision = Precision::Fp8;
     job.training.fp8_weight_cache = cache;
     job.parallel.recompute = recompute;
-    job.validate().expect("valid test job");
-    assert_eq!(job.micro_batches(), 32);
-    job
+    common::valid_with(job, 32)
 }
 
 mod common;

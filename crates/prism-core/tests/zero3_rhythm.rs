@@ -28,9 +28,7 @@ fn fsdp_job(reshard: bool, sync: Zero3Sync, vpp: u32) -> Job {
     }
     job.parallel.reshard_after_forward = reshard;
     job.parallel.zero3_grad_sync = sync;
-    job.validate().expect("valid test job");
-    assert_eq!(job.micro_batches(), 16);
-    job
+    common::valid_with(job, 16)
 }
 
 /// Per program (pipeline stage): the count and total bytes of the data-parallel collectives

@@ -22,3 +22,10 @@ pub fn memory_bytes_per_program(g: &ExecutionGraph, name: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// `job`, checked valid and holding `micro_batches` micro-batches per pipeline.
+pub fn valid_with(job: prism_core::job::Job, micro_batches: u64) -> prism_core::job::Job {
+    job.validate().expect("valid test job");
+    assert_eq!(job.micro_batches(), micro_batches);
+    job
+}
