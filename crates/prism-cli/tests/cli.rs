@@ -18,6 +18,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Runs `prism` with `args`, which must succeed, and parses its stdout as one JSON object.
+fn json_of(args: &[&str]) -> serde_json::Value {
+    let o = prism(args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).expect("stdout is one JSON object")
+}
+
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("prism-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -49,10 +56,7 @@ const CONTRACT: [&str; 9] = [
 
 #[test]
 fn default_example_json_has_the_contract_fields() {
-    let o = prism(&["simulate", "--reduced", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_str(&stdout(&o)).expect("stdout is one JSON object");
+    let v = json_of(&["simulate", "--reduced", "--json"]);
     for k in CONTRACT {
         assert!(v[k].is_number(), "{k} missing or not a number");
     }
@@ -82,10 +86,8 @@ fn human_summary_and_full_equals_reduced() {
     ] {
         assert!(text.contains(needle), "summary lacks {needle}:\n{text}");
     }
-    let a: serde_json::Value =
-        serde_json::from_str(&stdout(&prism(&["simulate", job, "--json"]))).unwrap();
-    let b: serde_json::Value =
-        serde_json::from_str(&stdout(&prism(&["simulate", job, "--json", "--reduced"]))).unwrap();
+    let a = json_of(&["simulate", job, "--json"]);
+    let b = json_of(&["simulate", job, "--json", "--reduced"]);
     assert_eq!(a["iteration_time_s"], b["iteration_time_s"]);
 }
 
@@ -127,11 +129,8 @@ fn trace_is_valid_chrome_json() {
 fn ranks_slice_matches_the_full_run() {
     let job = small_job_file("slice.toml", "");
     let job = job.to_str().unwrap();
-    let full: serde_json::Value =
-        serde_json::from_str(&stdout(&prism(&["simulate", job, "--json"]))).unwrap();
-    let o = prism(&["simulate", job, "--json", "--ranks", "3,12"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let slice: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let full = json_of(&["simulate", job, "--json"]);
+    let slice = json_of(&["simulate", job, "--json", "--ranks", "3,12"]);
     assert_eq!(full["iteration_time_s"], slice["iteration_time_s"]);
     let ranks = slice["ranks"].as_array().unwrap();
     let find = |v: &serde_json::Value, r: u64| -> serde_json::Value {
@@ -223,7 +222,7 @@ fn bad_inputs_name_the_key_and_rule() {
 
 #[test]
 fn allow_oom_simulates_anyway() {
-    let o = prism(&[
+    let v = json_of(&[
         "simulate",
         "--reduced",
         "--allow-oom",
@@ -233,8 +232,6 @@ fn allow_oom_simulates_anyway() {
         "--set",
         "training.global_batch=4096",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["peak_memory_bytes"].as_f64().unwrap() > 80.0 * (1u64 << 30) as f64);
 }
 
@@ -242,15 +239,13 @@ fn allow_oom_simulates_anyway() {
 /// are; a value other than the two is refused, naming the key and the choices.
 #[test]
 fn published_attention_flops_selects_the_convention() {
-    let o = prism(&[
+    let v = json_of(&[
         "simulate",
         "--reduced",
         "--json",
         "--set",
         "published.attention_flops=full",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["published"]["attention_flops"], "full");
     assert_eq!(
         v["published"]["tflops_per_gpu"]["predicted"],
@@ -275,9 +270,7 @@ fn published_attention_flops_selects_the_convention() {
 /// prediction with the signed error computed from the two values, and the text report prints it.
 #[test]
 fn the_published_figure_is_reported_beside_the_prediction() {
-    let o = prism(&["simulate", "--reduced", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = json_of(&["simulate", "--reduced", "--json"]);
     let t = &v["published"]["tflops_per_gpu"];
     assert_eq!(t["published"], 400.0);
     // Meta's figures count the causal attention's unmasked half (the preset says why): Prism's
@@ -309,14 +302,13 @@ fn the_published_figure_is_reported_beside_the_prediction() {
     );
     assert!(!stdout(&text).contains("changed it with --set"));
     // A --set override makes it another setup: both outputs say so.
-    let o = prism(&[
+    let v = json_of(&[
         "simulate",
         "--reduced",
         "--json",
         "--set",
         "parallel.order=tp-cp-ep-dp-pp",
     ]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["published"]["job_overridden"], true);
     let text = prism(&[
         "simulate",

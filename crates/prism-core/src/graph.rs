@@ -26,7 +26,7 @@
 //!   parameter all-gather.
 //! - schedules: GPipe, 1F1B and interleaved 1F1B (Megatron's ordering).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::arch::{LocalAttention, WindowKind};
 use crate::cost::comm::Collective;
@@ -507,9 +507,6 @@ struct StageBuilder<'a> {
     /// ZeRO-3: the gather the next layer computation (forward, recompute or backward) waits
     /// for; taken by that layer's first op.
     zero3_ready: Option<u32>,
-    /// ZeRO-3 synced once per schedule run ([`Job::zero3_syncs_per_round`]): the chunks whose
-    /// layers' parameters are held gathered until the run's last backward.
-    zero3_held: BTreeSet<u32>,
     /// Zero-bubble split: the weight-gradient ops of the backward being built are recorded
     /// in `pending_w` instead of emitted.
     defer_w: bool,
@@ -591,7 +588,6 @@ impl<'a> StageBuilder<'a> {
             embedding_param_ready: None,
             lm_head_param_ready: None,
             zero3_ready: None,
-            zero3_held: BTreeSet::new(),
             defer_w: false,
             pending_w: Vec::new(),
             pre_recv: None,
@@ -857,7 +853,7 @@ impl<'a> StageBuilder<'a> {
         Work::Gemm { m, n, k, batch: 1 }
     }
 
-    fn forward_step(&mut self, mb: u32, chunk: u32, _m: u32) {
+    fn forward_step(&mut self, mb: u32, chunk: u32, m: u32) {
         let d = self.dims();
         let tag = Self::tag(Phase::Forward, mb, NONE);
         let mut cur: Option<u32>;
@@ -892,15 +888,9 @@ impl<'a> StageBuilder<'a> {
         }
         let layers: Vec<u32> = self.chunk_layers[chunk as usize].clone().collect();
         let mut gathers = Zero3Gathers::default();
-        // Parameters still held from this schedule run's first forward need no gather.
-        let gather = !self.zero3_held.contains(&chunk);
-        let par = &self.job.parallel;
-        if par.shards_params()
-            && par.zero3_grad_sync != Zero3Sync::MicroBatch
-            && !par.reshard_after_forward
-        {
-            self.zero3_held.insert(chunk);
-        }
+        // Parameters kept since the sync span's first forward need no gather.
+        let gather =
+            self.job.parallel.reshard_after_forward || self.zero3_span_ends(mb, chunk, m).0;
         for (i, &layer) in layers.iter().enumerate() {
             if gather {
                 self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
@@ -1347,11 +1337,11 @@ impl<'a> StageBuilder<'a> {
                 &[c],
             );
             let bias = self.unfused_expert_bias();
-            if let Some((b1, ..)) = bias {
+            if let Some(b) = bias {
                 self.compute(
                     "expert_fc1_bias_fwd",
                     OpClass::Elementwise,
-                    Self::mem(b1 * pairs * n_fc1),
+                    Self::mem(b.fc1_fwd * pairs * n_fc1),
                     tag,
                     &[],
                 );
@@ -1375,11 +1365,11 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
-            if let Some((_, b2, ..)) = bias {
+            if let Some(b) = bias {
                 fc2 = self.compute(
                     "expert_fc2_bias_fwd",
                     OpClass::Elementwise,
-                    Self::mem(b2 * pairs * d.h),
+                    Self::mem(b.fc2_fwd * pairs * d.h),
                     tag,
                     &[],
                 );
@@ -2023,7 +2013,7 @@ impl<'a> StageBuilder<'a> {
 
     /// Bytes per element of the routed experts' bias adds where the stack runs them as
     /// kernels of their own ([`crate::job::Stack::unfused_expert_bias_bytes`]).
-    fn unfused_expert_bias(&self) -> Option<(u64, u64, u64, u64)> {
+    fn unfused_expert_bias(&self) -> Option<crate::job::ExpertBiasBytes> {
         let j = self.job;
         if !j.model.arch.expert_bias {
             return None;
@@ -2031,32 +2021,33 @@ impl<'a> StageBuilder<'a> {
         j.training.stack.unfused_expert_bias_bytes()
     }
 
-    /// Whether micro-batch `mb`'s backward of `chunk` reduce-scatters its layers' gradients:
-    /// every micro-batch's with sharded gradients (ZeRO-2 and 3), or, where ZeRO-3 syncs once
-    /// per schedule run or iteration ([`Zero3Sync`]), the last backward of the chunk in it
-    /// only (which also releases the parameters held since the first forward).
-    fn reduces_gradients(&mut self, mb: u32, chunk: u32, m: u32) -> bool {
+    /// Whether micro-batch `mb` opens (its forward) and closes (its backward) `chunk`'s ZeRO-3
+    /// sync span ([`Zero3Sync`]): the parameters gathered at the span's first forward are
+    /// kept, unless resharded after each forward, and the gradients reduced at its last
+    /// backward. A span of one micro-batch (or no ZeRO-3) both opens and closes at every one.
+    fn zero3_span_ends(&self, mb: u32, chunk: u32, m: u32) -> (bool, bool) {
         let par = &self.job.parallel;
-        if !par.shards_grads() {
-            return false;
-        }
         let span = match par.zero3_grad_sync {
-            _ if !par.shards_params() => return true,
-            Zero3Sync::MicroBatch => return true,
+            _ if !par.shards_params() => return (true, true),
+            Zero3Sync::MicroBatch => return (true, true),
             Zero3Sync::ScheduleRun => m / par.pipeline_rounds.max(1),
             Zero3Sync::Iteration => m,
         };
         let off = mb - mb % span;
-        let last = if self.dualpipe() {
-            // Direction `chunk` runs micro-batches chunk x span/2 .. (chunk + 1) x span/2.
-            off + (chunk + 1) * (span / 2) - 1 == mb
+        // DualPipe: direction `chunk` runs micro-batches chunk x span/2 .. (chunk + 1) x span/2.
+        let (first, count) = if self.dualpipe() {
+            (off + chunk * (span / 2), span / 2)
         } else {
-            mb % span == span - 1
+            (off, span)
         };
-        if last {
-            self.zero3_held.remove(&chunk);
-        }
-        last
+        (mb == first, mb == first + count - 1)
+    }
+
+    /// Whether micro-batch `mb`'s backward of `chunk` reduce-scatters its layers' gradients:
+    /// every micro-batch's with sharded gradients (ZeRO-2 and 3), or, where ZeRO-3 syncs once
+    /// per schedule run or iteration, the last backward of the chunk in the span only.
+    fn reduces_gradients(&self, mb: u32, chunk: u32, m: u32) -> bool {
+        self.job.parallel.shards_grads() && self.zero3_span_ends(mb, chunk, m).1
     }
 
     /// ZeRO-2 and 3 (sharded gradients): micro-batch `mb`'s gradients of `layer` are
@@ -2432,11 +2423,11 @@ impl<'a> StageBuilder<'a> {
                 );
             }
             let bias = self.unfused_expert_bias();
-            if let Some((_, _, _, b2)) = bias {
+            if let Some(b) = bias {
                 cur = self.compute(
                     "expert_fc2_bias_bwd",
                     OpClass::Elementwise,
-                    Self::mem(b2 * pairs * d.h),
+                    Self::mem(b.fc2_bwd * pairs * d.h),
                     tag,
                     &[cur],
                 );
@@ -2471,11 +2462,11 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
-            if let Some((_, _, b1, _)) = bias {
+            if let Some(b) = bias {
                 self.compute(
                     "expert_fc1_bias_bwd",
                     OpClass::Elementwise,
-                    Self::mem(b1 * pairs * n_fc1),
+                    Self::mem(b.fc1_bwd * pairs * n_fc1),
                     tag,
                     &[],
                 );
@@ -2640,34 +2631,11 @@ impl<'a> StageBuilder<'a> {
     /// order backward finishes their gradients (last layer first), each bucket at least
     /// `dp_bucket_mparams` parameters, as Megatron-Core forms them.
     fn plan_buckets(&self) -> Vec<Bucket> {
-        let par = &self.job.parallel;
-        let bucket_params = (par.dp_bucket_mparams * 1e6).max(1.0) as u64;
-        // ZeRO-3 reduces each layer's gradients in every micro-batch (backward_step) and
-        // gathers each layer's parameters itself.
-        let items = self.param_items(!par.shards_params());
-        let mut out = Vec::new();
-        let mut cur = Bucket::default();
-        let n = items.len();
-        for (i, (item, dense, expert)) in items.into_iter().enumerate() {
-            cur.items.push(item);
-            cur.dense += dense;
-            cur.expert += expert;
-            if cur.dense + cur.expert >= bucket_params || i == n - 1 {
-                out.push(std::mem::take(&mut cur));
-            }
-        }
-        out
-    }
-
-    /// The parameters this stage holds (after tensor and expert parallelism, before any
-    /// ZeRO sharding) in the order backward finishes their gradients: the LM head, the
-    /// layers from the last, the embedding; with their (dense, expert) parameter counts.
-    /// `with_layers = false` leaves the transformer layers out.
-    fn param_items(&self, with_layers: bool) -> Vec<(Item, u64, u64)> {
         let j = self.job;
         let m = &j.model;
         let par = &j.parallel;
         let tp = par.tp as u64;
+        let bucket_params = (par.dp_bucket_mparams * 1e6).max(1.0) as u64;
         let emb = m.vocab as u64 * m.hidden as u64 / tp;
         let mut items: Vec<(Item, u64, u64)> = Vec::new();
         if self.is_last_chunk_on_stage() {
@@ -2684,7 +2652,9 @@ impl<'a> StageBuilder<'a> {
             // gradients first.
             layers.extend(m.layers..m.layers + m.arch.mtp_depth);
         }
-        if !with_layers {
+        if par.shards_params() {
+            // ZeRO-3 reduces its layers' gradients itself (`reduces_gradients`) and gathers
+            // each layer's parameters itself.
             layers.clear();
         }
         layers.sort_unstable_by(|a, b| b.cmp(a));
@@ -2695,7 +2665,18 @@ impl<'a> StageBuilder<'a> {
         if self.stage == 0 || self.dualpipe() && self.stage == par.pp - 1 {
             items.push((Item::Embedding, emb, 0));
         }
-        items
+        let mut out = Vec::new();
+        let mut cur = Bucket::default();
+        let n = items.len();
+        for (i, (item, dense, expert)) in items.into_iter().enumerate() {
+            cur.items.push(item);
+            cur.dense += dense;
+            cur.expert += expert;
+            if cur.dense + cur.expert >= bucket_params || i == n - 1 {
+                out.push(std::mem::take(&mut cur));
+            }
+        }
+        out
     }
 
     /// Parameters of one transformer layer on this GPU: (dense, expert), after tensor and

@@ -462,13 +462,16 @@ pub enum Zero3Sync {
 }
 
 impl Zero3Sync {
-    /// The job-file name.
+    /// Job-file names.
+    pub const NAMES: [(&'static str, Zero3Sync); 3] = [
+        ("micro-batch", Zero3Sync::MicroBatch),
+        ("schedule-run", Zero3Sync::ScheduleRun),
+        ("iteration", Zero3Sync::Iteration),
+    ];
+
+    /// The job-file spelling.
     pub fn name(self) -> &'static str {
-        match self {
-            Zero3Sync::MicroBatch => "micro-batch",
-            Zero3Sync::ScheduleRun => "schedule-run",
-            Zero3Sync::Iteration => "iteration",
-        }
+        spelling(&Self::NAMES, self)
     }
 }
 
@@ -665,6 +668,21 @@ pub enum Stack {
     TorchTitan,
 }
 
+/// HBM bytes per element of the routed experts' bias adds run as kernels of their own
+/// ([`Stack::unfused_expert_bias_bytes`]): per element of the fc1 output (`tokens x n_fc1`)
+/// or of the fc2 output (`tokens x hidden`), forward and backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertBiasBytes {
+    /// fc1's bias add, forward.
+    pub fc1_fwd: u64,
+    /// fc2's bias add, forward.
+    pub fc2_fwd: u64,
+    /// fc1's bias gradient, backward.
+    pub fc1_bwd: u64,
+    /// fc2's bias gradient and casts, backward.
+    pub fc2_bwd: u64,
+}
+
 /// The settings a [`Stack`] implies for a job that does not set them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StackDefaults {
@@ -748,10 +766,9 @@ impl Stack {
     }
 
     /// HBM bytes per element that adding routed experts' biases ([`crate::arch::Arch::expert_bias`])
-    /// moves outside the grouped GEMMs, as `(fc1 forward, fc2 forward, fc1 backward, fc2
-    /// backward)`, per element of the fc1 output (`tokens x n_fc1`) or fc2 output (`tokens x
-    /// hidden`); `None` where the bias is added in the GEMM's epilogue (Megatron-Core's
-    /// Transformer Engine `GroupedLinear`, the Megatron stacks).
+    /// moves outside the grouped GEMMs ([`ExpertBiasBytes`]); `None` where the bias is added
+    /// in the GEMM's epilogue (Megatron-Core's Transformer Engine `GroupedLinear`, the
+    /// Megatron stacks).
     ///
     /// torchtitan's stack prices NeMo AutoModel's `GroupedExpertsDeepEP._apply_bias` (the
     /// code of the 2025-10-06 performance summary): the output is split per local expert, each
@@ -760,9 +777,14 @@ impl Stack {
     /// to FP32 (read 2, write 4), concatenates it (4 + 4) and casts it back to BF16 (4 + 2): 20.
     /// Backward: fc1's bias gradient sums its output gradient (2); fc2 casts the gradient to
     /// FP32 (2 + 4), back to BF16 for the GEMM (4 + 2) and sums the FP32 one for its bias (4): 16.
-    pub fn unfused_expert_bias_bytes(self) -> Option<(u64, u64, u64, u64)> {
+    pub fn unfused_expert_bias_bytes(self) -> Option<ExpertBiasBytes> {
         match self {
-            Stack::TorchTitan => Some((8, 20, 2, 16)),
+            Stack::TorchTitan => Some(ExpertBiasBytes {
+                fc1_fwd: 8,
+                fc2_fwd: 20,
+                fc1_bwd: 2,
+                fc2_bwd: 16,
+            }),
             Stack::MegatronCore | Stack::MegatronLm2021 | Stack::DeepSpeed => None,
         }
     }

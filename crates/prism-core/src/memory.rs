@@ -621,11 +621,12 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
         (bytes_per_param * ps.dense).div_ceil(dp_cp)
             + (bytes_per_param * ps.expert).div_ceil(edp_cp)
     };
-    // ZeRO-3 shards the transformer layers' weights and gathers at most two layers at a time;
-    // the embedding and LM head stay gathered for the whole iteration (see graph.rs). ZeRO-2
-    // and 3 shard the layers' gradients, each micro-batch's being reduce-scattered as
-    // backward produces them: one layer's unsharded gradients are held while it is reduced,
-    // and the embedding's and LM head's are reduced once, after the last micro-batch. Layers
+    // ZeRO-3 shards the transformer layers' weights and, resharding after each forward,
+    // gathers at most two layers at a time; the embedding and LM head stay gathered for the
+    // whole iteration (see graph.rs). ZeRO-2 and 3 shard the layers' gradients, each
+    // micro-batch's (or each sync span's) being reduce-scattered as backward produces them:
+    // one layer's unsharded gradients are held while it is reduced, and the embedding's and
+    // LM head's are reduced once, after the last micro-batch. Layers
     // may differ (dense first layers of a MoE model): the stage's own layers are summed and
     // the gathered window is its largest layers.
     // Main gradients: FP32, or 16-bit where Megatron reduces in 16 bits (Job::grad_accum_bytes).

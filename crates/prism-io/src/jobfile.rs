@@ -2851,14 +2851,7 @@ fn build_parallel(
             .bool("reshard_after_forward")?
             .unwrap_or(stack.reshard_after_forward(pp)),
         zero3_grad_sync: g
-            .choice(
-                "zero3_grad_sync",
-                &[
-                    ("micro-batch", Zero3Sync::MicroBatch),
-                    ("schedule-run", Zero3Sync::ScheduleRun),
-                    ("iteration", Zero3Sync::Iteration),
-                ],
-            )?
+            .choice("zero3_grad_sync", &Zero3Sync::NAMES)?
             .unwrap_or(stack.zero3_grad_sync(pp)),
         pipeline_rounds: g.u32("pipeline_rounds")?.unwrap_or(1),
         moe_dispatcher: g
