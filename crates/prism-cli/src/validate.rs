@@ -123,6 +123,8 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
     let results = run_all(&cases, &SimOptions::default())?;
     let (per_source, overall) = validation::stats(&results);
     let failures: Vec<&CaseResult> = results.iter().filter(|r| !r.within).collect();
+    // Published runs ran: a predicted peak above the GPU's memory is a memory-model error.
+    let over_memory: Vec<&CaseResult> = results.iter().filter(|r| !r.fits()).collect();
     let calculon = mean_max(&results, &CALCULON_ROWS);
     if let Some(path) = &args.plot {
         let points: Vec<prism_io::plot::Point> = results
@@ -166,7 +168,9 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
             "cases": results.iter().map(|r| serde_json::json!({
                 "id": r.id, "source": r.source, "metric": r.metric.name(), "published": r.published,
                 "predicted": r.predicted, "error_pct": r.error_pct, "tolerance_pct": r.tolerance_pct, "within": r.within,
+                "peak_memory_gib": r.peak_memory_gib, "hbm_gib": r.hbm_gib, "fits": r.fits(),
             })).collect::<Vec<_>>(),
+            "over_memory": over_memory.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
         });
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
@@ -184,6 +188,20 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
             outln!(
                 "{} cases not modelled (see validation/cases.csv for the reasons)",
                 excluded.len()
+            )?;
+        }
+        if !results.is_empty() {
+            outln!()?;
+            outln!(
+                "memory: {} of {} cases fit their GPUs in Prism's memory model{}",
+                results.len() - over_memory.len(),
+                results.len(),
+                if over_memory.is_empty() {
+                    String::new()
+                } else {
+                    let ids: Vec<&str> = over_memory.iter().map(|r| r.id.as_str()).collect();
+                    format!("; over: {}", ids.join(", "))
+                }
             )?;
         }
         for f in &failures {
@@ -251,18 +269,24 @@ fn markdown(
     }
     let _ = writeln!(
         md,
-        "\n| case | metric | published | predicted | error % | tolerance % |\n|---|---|---:|---:|---:|---:|"
+        "\n| case | metric | published | predicted | error % | tolerance % | peak memory GiB |\n|---|---|---:|---:|---:|---:|---:|"
     );
     for r in results {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.4} | {:.4} | {:+.2} | {:.0} |",
+            "| {} | {} | {:.4} | {:.4} | {:+.2} | {:.0} | {:.1}{} |",
             r.id,
             r.metric.name(),
             r.published,
             r.predicted,
             r.error_pct,
-            r.tolerance_pct
+            r.tolerance_pct,
+            r.peak_memory_gib,
+            if r.fits() {
+                String::new()
+            } else {
+                format!(" (over {:.0})", r.hbm_gib)
+            }
         );
     }
     let _ = writeln!(

@@ -477,7 +477,6 @@ const ACT_BYTES: u64 = 2; // bf16 activations
 const UB_PIPELINE_SPLITS: u64 = 4;
 const GRAD_BYTES: u64 = 4; // fp32 gradient reduction (Megatron accumulates and reduces in fp32 for bf16)
 const PARAM_BYTES: u64 = 2; // bf16 parameters gathered by the distributed optimizer
-const ADAM_BYTES_PER_PARAM: u64 = 30; // read grad 4, r/w master 8, r/w m 8, r/w v 8, write bf16 param 2
 
 struct StageBuilder<'a> {
     job: &'a Job,
@@ -2858,11 +2857,9 @@ impl<'a> StageBuilder<'a> {
         } else {
             (local_dense, local_expert)
         };
-        // BF16 moments (DeepSeek-V3) move 8 bytes less per parameter.
-        let adam_bytes = match self.job.training.memory_saving.optimizer_state {
-            crate::job::OptimizerStateDtype::Fp32 => ADAM_BYTES_PER_PARAM,
-            bf16 => bf16.step_bytes_per_param(),
-        };
+        // BF16 moments (DeepSeek-V3) move 8 bytes less per parameter, a BF16 model without
+        // master weights 8 less again.
+        let adam_bytes = self.job.adam_step_bytes_per_param();
         let opt = self.compute(
             "optimizer_step",
             OpClass::Optimizer,

@@ -528,6 +528,15 @@ pub struct Training {
     /// None or is_first_microbatch`), unless `disable_parameter_transpose_cache`. `false`: every
     /// micro-batch casts the weights in forward and again, transposed, in backward.
     pub fp8_weight_cache: bool,
+    /// FP32 master weights beside the 16-bit ones (mixed-precision training: Megatron's
+    /// optimizers, DeepSpeed, torchtitan's FP32 model under FSDP2's BF16 compute policy).
+    /// `false`: the model itself is BF16 and the optimizer updates it in place, as PyTorch's
+    /// optimizers do on a model cast to BF16 (NeMo AutoModel's recipes, whose
+    /// `initialize_weights` ends with `self.to(torch.bfloat16)`): no FP32 copy, gradients
+    /// held in BF16, and the Adam moments created like the parameters (the job file's
+    /// default `optimizer_state_dtype` is then `"bf16"`). See
+    /// [`Job::optimizer_bytes_per_param`] and [`Job::adam_step_bytes_per_param`].
+    pub master_weights: bool,
 }
 
 /// How expert-parallel tokens are exchanged.
@@ -623,7 +632,8 @@ pub enum OptimizerStateDtype {
 }
 
 impl OptimizerStateDtype {
-    /// Bytes per parameter of the optimizer state: FP32 master weights plus the two moments.
+    /// Bytes per parameter of the optimizer state with FP32 master weights: the master weight
+    /// plus the two moments ([`Job::optimizer_bytes_per_param`] also covers jobs without).
     pub fn bytes_per_param(self) -> u64 {
         match self {
             OptimizerStateDtype::Fp32 => 12,
@@ -964,10 +974,42 @@ impl Job {
     /// bits and 4 otherwise; DeepSpeed and torchtitan keep FP32 gradients whatever they
     /// communicate in.
     pub fn grad_accum_bytes(&self) -> u64 {
-        if self.training.stack.is_megatron() && self.parallel.grad_reduce_in_bf16 {
+        // Without master weights the gradients are the BF16 parameters' own.
+        if !self.training.master_weights
+            || self.training.stack.is_megatron() && self.parallel.grad_reduce_in_bf16
+        {
             2
         } else {
             4
+        }
+    }
+
+    /// Bytes per parameter of the optimizer state a rank keeps for the parameters it updates:
+    /// Adam's two moments (4 + 4 in FP32, 2 + 2 in BF16) and, with
+    /// [`Training::master_weights`], the FP32 master weight (4).
+    pub fn optimizer_bytes_per_param(&self) -> u64 {
+        let moments = match self.training.memory_saving.optimizer_state {
+            OptimizerStateDtype::Fp32 => 8,
+            OptimizerStateDtype::Bf16 => 4,
+        };
+        moments + if self.training.master_weights { 4 } else { 0 }
+    }
+
+    /// HBM bytes the Adam step reads and writes per parameter it updates. With master weights:
+    /// [`OptimizerStateDtype::step_bytes_per_param`] (the FP32 gradient, the master weight
+    /// read and written, both moments read and written, the BF16 weight written: 30, or 22
+    /// with BF16 moments). Without: the BF16 gradient (2), the BF16 weight read and written
+    /// (4) and both moments read and written (16 in FP32, 8 in BF16): 22 or 14.
+    pub fn adam_step_bytes_per_param(&self) -> u64 {
+        let state = self.training.memory_saving.optimizer_state;
+        if self.training.master_weights {
+            state.step_bytes_per_param()
+        } else {
+            let moments = match state {
+                OptimizerStateDtype::Fp32 => 16,
+                OptimizerStateDtype::Bf16 => 8,
+            };
+            2 + 4 + moments
         }
     }
 
@@ -1823,6 +1865,7 @@ pub mod fixtures {
                 memory_saving: MemorySaving::default(),
                 fp8_recipe: Fp8Recipe::Tensorwise,
                 fp8_weight_cache: true,
+                master_weights: true,
             },
         }
     }

@@ -8,6 +8,11 @@
 //! | main gradients: FP32 (Megatron accumulates and reduces BF16 jobs' gradients in FP32), 16-bit where Megatron reduces in 16 bits (FP16 jobs, `grad_reduce_in_bf16`) | 4 or 2 ([`Job::grad_accum_bytes`]) | tp (ep), and with ZeRO-2/3 also dp x cp |
 //! | FP32 master weights + Adam first and second moments | 4 + 4 + 4 = 12 | tp (ep), and with the distributed optimizer also dp x cp (experts: dp / ep x cp) |
 //!
+//! A BF16 model trained without master weights ([`crate::job::Training::master_weights`] off:
+//! PyTorch optimizers on a model cast to BF16) holds BF16 gradients (2) and only the moments
+//! (4 + 4, or 2 + 2 in BF16) as optimizer state: [`Job::grad_accum_bytes`],
+//! [`Job::optimizer_bytes_per_param`].
+//!
 //! Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 //! Transformer Models" (Section 4), generalized per tensor to grouped-query attention and
 //! gated MLPs (see [`activation_bytes_per_layer`]), times the micro-batches the pipeline
@@ -680,7 +685,7 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
             grad_bytes * params.total(),
         )
     };
-    let opt_bytes = job.training.memory_saving.optimizer_state.bytes_per_param();
+    let opt_bytes = job.optimizer_bytes_per_param();
     let optimizer = if p.distributed_optimizer {
         sharded(opt_bytes, params)
     } else {

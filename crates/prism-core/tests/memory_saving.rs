@@ -393,3 +393,92 @@ fn dualpipe_per_chunk_in_flight() {
         assert!((extras - want).abs() <= 1.0, "pp {pp}: {extras} vs {want}");
     }
 }
+
+/// Sum of the optimizer step's HBM bytes in each stage's program.
+fn optimizer_step_bytes(job: &Job) -> Vec<u64> {
+    ExecutionGraph::build(job)
+        .programs
+        .iter()
+        .map(|p| {
+            p.kind
+                .iter()
+                .filter_map(|k| match k {
+                    OpKind::Compute(op) if op.name == "optimizer_step" => match op.work {
+                        Work::Memory { bytes } => Some(bytes),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// Truth, per parameter a rank updates: a BF16 model without FP32 master weights (PyTorch's
+/// Adam on a model cast to BF16) holds 2 bytes of weights, 2 of gradients and only the two
+/// moments as optimizer state (2 + 2 in BF16, 4 + 4 in FP32), against 2 + 4 + 12 with master
+/// weights; its Adam step reads the BF16 gradient (2), reads and writes the weight (4) and
+/// both moments (8 in BF16, 16 in FP32): 14 or 22 bytes against 30 with master weights.
+/// Activations do not change.
+#[test]
+fn bf16_model_without_master_weights() {
+    let mut job = small_deepseek_job(2, 1, 2, 16, 4);
+    job.parallel.set_distributed_optimizer(false);
+    let mixed = valid(job);
+    for (moments, state_bytes, step_bytes) in [
+        (OptimizerStateDtype::Bf16, 4, 14),
+        (OptimizerStateDtype::Fp32, 8, 22),
+    ] {
+        let mut pure = mixed.clone();
+        pure.training.master_weights = false;
+        pure.training.memory_saving.optimizer_state = moments;
+        let pure = valid(pure);
+        assert_eq!(pure.optimizer_bytes_per_param(), state_bytes);
+        assert_eq!(pure.adam_step_bytes_per_param(), step_bytes);
+        let steps = (optimizer_step_bytes(&mixed), optimizer_step_bytes(&pure));
+        for s in 0..mixed.parallel.pp {
+            let params = memory::stage_params(&mixed, s).total();
+            let (a, b) = (
+                memory::stage_memory(&mixed, s),
+                memory::stage_memory(&pure, s),
+            );
+            assert_eq!(
+                (a.weights, a.gradients, a.optimizer),
+                (2 * params, 4 * params, 12 * params)
+            );
+            assert_eq!(
+                (b.weights, b.gradients, b.optimizer),
+                (2 * params, 2 * params, state_bytes * params),
+                "{moments:?}, stage {s}"
+            );
+            assert_eq!(a.activations, b.activations);
+            assert_eq!(steps.0[s as usize], 30 * params);
+            assert_eq!(steps.1[s as usize], step_bytes * params);
+        }
+    }
+}
+
+/// Truth: under the distributed optimizer (ZeRO-1) the moments without master weights are
+/// sharded like the full state: `4 x params / dp` bytes (BF16 moments), rounded up per part.
+#[test]
+fn bf16_model_without_master_weights_shards_its_moments() {
+    let mut job = small_deepseek_job(2, 1, 2, 16, 4);
+    job.parallel.set_distributed_optimizer(true);
+    job.training.master_weights = false;
+    job.training.memory_saving.optimizer_state = OptimizerStateDtype::Bf16;
+    let job = valid(job);
+    let p = &job.parallel;
+    let (dp, edp) = (
+        p.dp as u64 * p.cp as u64,
+        (p.dp / p.ep) as u64 * p.cp as u64,
+    );
+    for s in 0..p.pp {
+        let ps = memory::stage_params(&job, s);
+        let m = memory::stage_memory(&job, s);
+        assert_eq!(
+            m.optimizer,
+            (4 * ps.dense).div_ceil(dp) + (4 * ps.expert).div_ceil(edp)
+        );
+        assert_eq!(m.gradients, 2 * ps.total());
+    }
+}

@@ -347,6 +347,7 @@ const TRAINING_FIELDS: &[Field] = &[
     fld("fp8_recipe", Ty::Str),
     fld("fp8_weight_cache", Ty::Bool),
     fld("optimizer_state_dtype", Ty::Str),
+    fld("master_weights", Ty::Bool),
 ];
 
 const COST_FIELDS: &[Field] = &[fld("kernel_table", Ty::Str)];
@@ -2483,6 +2484,8 @@ fn build_training(
     let flash_attention = g
         .bool("flash_attention")?
         .unwrap_or(stack.defaults().flash_attention);
+    // A BF16 model without master weights keeps its Adam moments like its parameters.
+    let master_weights = g.bool("master_weights")?.unwrap_or(true);
     let memory_saving = MemorySaving {
         recompute_norm_upproj: g.bool("recompute_norm_upproj")?.unwrap_or(false),
         activation_cache: g
@@ -2502,7 +2505,11 @@ fn build_training(
                     ("bf16", OptimizerStateDtype::Bf16),
                 ],
             )?
-            .unwrap_or_default(),
+            .unwrap_or(if master_weights {
+                OptimizerStateDtype::Fp32
+            } else {
+                OptimizerStateDtype::Bf16
+            }),
     };
     if memory_saving.activation_cache == ActivationCache::Fp8 && precision != Precision::Fp8 {
         let e = g.entry("activation_cache").expect("set to fp8 above");
@@ -2527,6 +2534,7 @@ fn build_training(
         memory_saving,
         fp8_recipe,
         fp8_weight_cache,
+        master_weights,
     })
 }
 

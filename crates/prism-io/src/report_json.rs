@@ -159,6 +159,10 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
             prism_core::job::OptimizerStateDtype::Bf16 => "bf16",
         });
     }
+    // A BF16 model without FP32 master weights, listed only then.
+    if !job.training.master_weights {
+        v["parallel"]["master_weights"] = json!(false);
+    }
     if result.ranks.len() <= MAX_LISTED_RANKS {
         let layout = &result.graph.layout;
         let ranks: Vec<Value> = result.ranks.iter().map(|r| rank_json(r, layout)).collect();

@@ -189,6 +189,17 @@ pub struct CaseResult {
     pub tolerance_pct: f64,
     /// `|error_pct| <= tolerance_pct`.
     pub within: bool,
+    /// Prism's peak memory per GPU (the fullest pipeline stage), GiB.
+    pub peak_memory_gib: f64,
+    /// The GPU's memory, GiB. A published run ran, so a peak above it is a memory-model error.
+    pub hbm_gib: f64,
+}
+
+impl CaseResult {
+    /// Whether Prism's peak memory fits the GPU, as it must for a run that was published.
+    pub fn fits(&self) -> bool {
+        self.peak_memory_gib <= self.hbm_gib
+    }
 }
 
 /// Error statistics of a group of cases.
@@ -891,9 +902,10 @@ fn render_job(
 ///
 /// The job is loaded from [`Case::job_toml`] and simulated with `opts` in [`Mode::Reduced`]
 /// (exact for symmetric placements); a placement the reduced mode rejects as asymmetric is
-/// simulated in [`Mode::Full`] instead. Memory fit is not checked: a case is compared even when
-/// the memory model says a stage would not fit. Excluded cases, jobs that do not load, failed
-/// simulations and non-finite or non-positive predictions are errors.
+/// simulated in [`Mode::Full`] instead. A case is compared even when the memory model says a
+/// stage would not fit; the result records the peak and the GPU's memory ([`CaseResult::fits`]).
+/// Excluded cases, jobs that do not load, failed simulations and non-finite or non-positive
+/// predictions are errors.
 pub fn run_case(case: &Case, opts: &SimOptions) -> Result<CaseResult, String> {
     if let Status::Excluded(why) = &case.status {
         return Err(format!("case {}: excluded: {why}", case.id));
@@ -921,8 +933,13 @@ pub fn run_case(case: &Case, opts: &SimOptions) -> Result<CaseResult, String> {
         error_pct,
         tolerance_pct: case.tolerance_pct,
         within: error_pct.abs() <= case.tolerance_pct,
+        peak_memory_gib: prism_core::memory::peak_memory(&loaded.job).1.total() as f64 / GIB_BYTES,
+        hbm_gib: loaded.job.cluster.gpu.hbm_gib,
     })
 }
+
+/// Bytes per GiB.
+const GIB_BYTES: f64 = (1u64 << 30) as f64;
 
 /// The group a case belongs to in [`stats`]: its id up to the first `_` (`meg21_t1_3` ->
 /// `meg21`), i.e. the source prefix of `calibration.csv`.
@@ -962,22 +979,29 @@ pub fn stats(results: &[CaseResult]) -> (Vec<SourceStats>, SourceStats) {
     (per, group_stats("overall", &all))
 }
 
-/// A fixed-width text table of results: id, metric, published, predicted, signed error, within.
+/// A fixed-width text table of results: id, metric, published, predicted, signed error,
+/// within, and Prism's peak memory per GPU (marked where it exceeds the GPU's).
 pub fn results_table(results: &[CaseResult]) -> String {
     let w = results.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
     let mut out = format!(
-        "{:<w$}  {:<20}  {:>12}  {:>12}  {:>8}  ok\n",
-        "id", "metric", "published", "predicted", "error %"
+        "{:<w$}  {:<20}  {:>12}  {:>12}  {:>8}  ok   {:>8}\n",
+        "id", "metric", "published", "predicted", "error %", "peak GiB"
     );
     for r in results {
         out.push_str(&format!(
-            "{:<w$}  {:<20}  {:>12}  {:>12}  {:>+8.1}  {}\n",
+            "{:<w$}  {:<20}  {:>12}  {:>12}  {:>+8.1}  {:<3}  {:>8.1}{}\n",
             r.id,
             r.metric.name(),
             fmt_value(r.published),
             fmt_value(r.predicted),
             r.error_pct,
-            if r.within { "yes" } else { "no" }
+            if r.within { "yes" } else { "no" },
+            r.peak_memory_gib,
+            if r.fits() {
+                String::new()
+            } else {
+                format!("  > {:.0} GiB", r.hbm_gib)
+            }
         ));
     }
     out

@@ -2404,3 +2404,46 @@ fn moe_dispatcher_key() {
         &["\"alltoall\"", "\"deepep\""],
     );
 }
+
+/// `training.master_weights`: on by default; `false` makes the Adam moments BF16 unless
+/// `optimizer_state_dtype` says otherwise, holds gradients in BF16, and is echoed in `--json`.
+#[test]
+fn master_weights_key() {
+    use prism_core::job::OptimizerStateDtype;
+    let j = ok(SMALL, &[]).job;
+    assert!(j.training.master_weights);
+    assert_eq!(
+        (j.grad_accum_bytes(), j.optimizer_bytes_per_param()),
+        (4, 12)
+    );
+    let j = ok(&edit("[training]", "master_weights = false"), &[]).job;
+    assert!(!j.training.master_weights);
+    assert_eq!(
+        j.training.memory_saving.optimizer_state,
+        OptimizerStateDtype::Bf16
+    );
+    assert_eq!(
+        (j.grad_accum_bytes(), j.optimizer_bytes_per_param()),
+        (2, 4)
+    );
+    // An explicit moment type wins, from the file or an override.
+    let j = ok(
+        SMALL,
+        &[
+            "training.master_weights=false",
+            "training.optimizer_state_dtype=fp32",
+        ],
+    )
+    .job;
+    assert_eq!(
+        j.training.memory_saving.optimizer_state,
+        OptimizerStateDtype::Fp32
+    );
+    assert_eq!(j.optimizer_bytes_per_param(), 8);
+    fails(
+        &edit("[training]", "master_weights = \"no\""),
+        &[],
+        "training.master_weights",
+        &[],
+    );
+}

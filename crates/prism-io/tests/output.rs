@@ -392,6 +392,7 @@ fn summary_json_lists_memory_savings_only_when_set() {
         "recompute_norm_upproj",
         "activation_cache",
         "optimizer_state_dtype",
+        "master_weights",
     ] {
         assert!(
             plain["parallel"].get(key).is_none(),
@@ -410,4 +411,11 @@ fn summary_json_lists_memory_savings_only_when_set() {
     let peak = |v: &Value| v["peak_memory_bytes"].as_u64().unwrap();
     assert_eq!(peak(&v), prism_core::memory::peak_memory(&on).1.total());
     assert!(peak(&v) < peak(&plain));
+    // A BF16 model without master weights says so, and holds less still.
+    let mut pure = on.clone();
+    pure.training.master_weights = false;
+    let w = summary_json(&run(&pure, Mode::Reduced, &[]), &pure);
+    assert_eq!(w["parallel"]["master_weights"], false);
+    assert_eq!(peak(&w), prism_core::memory::peak_memory(&pure).1.total());
+    assert!(peak(&w) < peak(&v));
 }

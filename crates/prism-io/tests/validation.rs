@@ -168,6 +168,15 @@ fn run_all_modelled_cases() {
             r.predicted
         );
         assert!(r.error_pct.is_finite());
+        // Every published run ran: its peak memory in Prism's model may exceed the GPU's by
+        // no more than the model's resolution (1%).
+        assert!(
+            r.peak_memory_gib <= 1.01 * r.hbm_gib,
+            "{}: {:.1} GiB on a {} GiB GPU",
+            c.id,
+            r.peak_memory_gib,
+            r.hbm_gib
+        );
         results.push(r);
     }
     println!("\n{}", results_table(&results));

@@ -33,6 +33,14 @@ fn moe_cases_run_and_deepseek_v3_cost_is_reported() {
             c.id,
             r.error_pct
         );
+        // The runs ran on 80 GiB GPUs: Prism's memory model must fit them.
+        assert!(
+            r.fits(),
+            "{}: {:.1} GiB > {} GiB",
+            c.id,
+            r.peak_memory_gib,
+            r.hbm_gib
+        );
         results.push(r);
     }
     assert!(
