@@ -394,24 +394,11 @@ fn dualpipe_per_chunk_in_flight() {
     }
 }
 
-/// Sum of the optimizer step's HBM bytes in each stage's program.
+mod common;
+
+/// The optimizer step's HBM bytes in each stage's program.
 fn optimizer_step_bytes(job: &Job) -> Vec<u64> {
-    ExecutionGraph::build(job)
-        .programs
-        .iter()
-        .map(|p| {
-            p.kind
-                .iter()
-                .filter_map(|k| match k {
-                    OpKind::Compute(op) if op.name == "optimizer_step" => match op.work {
-                        Work::Memory { bytes } => Some(bytes),
-                        _ => None,
-                    },
-                    _ => None,
-                })
-                .sum()
-        })
-        .collect()
+    common::memory_bytes_per_program(&ExecutionGraph::build(job), "optimizer_step")
 }
 
 /// Truth, per parameter a rank updates: a BF16 model without FP32 master weights (PyTorch's

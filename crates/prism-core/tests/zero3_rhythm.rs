@@ -11,7 +11,6 @@ use prism_core::job::fixtures::small_job;
 use prism_core::job::{Job, Schedule, Stack, Zero3Sync};
 use prism_core::layout::GroupKind;
 use prism_core::memory::{layer_params_at, stage_memory, stage_params};
-use prism_core::ops::Work;
 use prism_core::{SimOptions, simulate};
 
 /// GPT-small (8 layers) on 8 H100s under torchtitan's FSDP: pp 2, dp 4, 16 micro-batches in
@@ -120,18 +119,8 @@ fn zero3_optimizer_step_covers_every_parameter() {
         job.validate().expect("valid");
         let dp = job.parallel.dp as u64;
         let g = ExecutionGraph::build(&job);
-        for (stage, p) in g.programs.iter().enumerate() {
-            let bytes: u64 = p
-                .kind
-                .iter()
-                .filter_map(|k| match k {
-                    OpKind::Compute(op) if op.name == "optimizer_step" => match op.work {
-                        Work::Memory { bytes } => Some(bytes),
-                        _ => None,
-                    },
-                    _ => None,
-                })
-                .sum();
+        let steps = common::memory_bytes_per_program(&g, "optimizer_step");
+        for (stage, &bytes) in steps.iter().enumerate() {
             let params = stage_params(&job, stage as u32).total();
             assert_eq!(
                 bytes,

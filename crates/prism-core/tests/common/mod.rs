@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests (each test crate uses some of them).
+#![allow(dead_code)]
 
 use prism_core::graph::{ExecutionGraph, OpKind};
 use prism_core::ops::Work;
