@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use prism_core::engine::{Mode, SimOptions, SimResult};
 use prism_core::job::Job;
 use prism_core::memory;
+use prism_core::units::GIB;
 
 /// Prism: training-cluster performance prediction.
 #[derive(Debug, Parser)]
@@ -278,8 +279,6 @@ fn check_memory(job: &Job, origin: &str) -> Result<()> {
     }
     Ok(())
 }
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 fn gib(bytes: u64) -> f64 {
     bytes as f64 / GIB

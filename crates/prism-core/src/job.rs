@@ -619,8 +619,8 @@ pub enum ActivationCache {
     Fp8,
 }
 
-/// Storage format of the AdamW first and second moments; master weights and gradients stay
-/// FP32 either way.
+/// Storage format of the AdamW first and second moments; the master weights and gradients are
+/// FP32 either way with [`Training::master_weights`] (BF16 without them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OptimizerStateDtype {
     /// FP32 moments: 4 + 4 bytes per parameter (12 with the FP32 master weights).
@@ -632,23 +632,26 @@ pub enum OptimizerStateDtype {
 }
 
 impl OptimizerStateDtype {
-    /// Bytes per parameter of the optimizer state with FP32 master weights: the master weight
-    /// plus the two moments ([`Job::optimizer_bytes_per_param`] also covers jobs without).
-    pub fn bytes_per_param(self) -> u64 {
+    /// Bytes per parameter of the two moments: 4 + 4 in FP32, 2 + 2 in BF16.
+    pub fn moment_bytes(self) -> u64 {
         match self {
-            OptimizerStateDtype::Fp32 => 12,
-            OptimizerStateDtype::Bf16 => 8,
+            OptimizerStateDtype::Fp32 => 8,
+            OptimizerStateDtype::Bf16 => 4,
         }
     }
 
-    /// Bytes the AdamW step reads and writes per parameter: the FP32 gradient (4), the FP32
-    /// master weight (read and write, 8), both moments (read and write) and the BF16 weight
-    /// written (2): 30 with FP32 moments, 22 with BF16 ones.
+    /// Bytes per parameter of the optimizer state with FP32 master weights: the master weight
+    /// plus the two moments, 12 or 8 ([`Job::optimizer_bytes_per_param`] also covers jobs
+    /// without).
+    pub fn bytes_per_param(self) -> u64 {
+        4 + self.moment_bytes()
+    }
+
+    /// Bytes the AdamW step reads and writes per parameter with FP32 master weights: the FP32
+    /// gradient (4), the FP32 master weight (read and write, 8), both moments (read and write)
+    /// and the BF16 weight written (2): 30 with FP32 moments, 22 with BF16 ones.
     pub fn step_bytes_per_param(self) -> u64 {
-        match self {
-            OptimizerStateDtype::Fp32 => 30,
-            OptimizerStateDtype::Bf16 => 22,
-        }
+        4 + 8 + 2 + 2 * self.moment_bytes()
     }
 }
 
@@ -972,9 +975,9 @@ impl Job {
     /// reduction's type (`grad_reduce_in_fp32` sets the buffer dtype in Megatron-Core's
     /// `DistributedDataParallel`; the local DDP of 2021 likewise), so 2 when reducing in 16
     /// bits and 4 otherwise; DeepSpeed and torchtitan keep FP32 gradients whatever they
-    /// communicate in.
+    /// communicate in. Without [`Training::master_weights`] every stack holds the BF16
+    /// parameters' own gradients: 2.
     pub fn grad_accum_bytes(&self) -> u64 {
-        // Without master weights the gradients are the BF16 parameters' own.
         if !self.training.master_weights
             || self.training.stack.is_megatron() && self.parallel.grad_reduce_in_bf16
         {
@@ -988,11 +991,12 @@ impl Job {
     /// Adam's two moments (4 + 4 in FP32, 2 + 2 in BF16) and, with
     /// [`Training::master_weights`], the FP32 master weight (4).
     pub fn optimizer_bytes_per_param(&self) -> u64 {
-        let moments = match self.training.memory_saving.optimizer_state {
-            OptimizerStateDtype::Fp32 => 8,
-            OptimizerStateDtype::Bf16 => 4,
-        };
-        moments + if self.training.master_weights { 4 } else { 0 }
+        let state = self.training.memory_saving.optimizer_state;
+        if self.training.master_weights {
+            state.bytes_per_param()
+        } else {
+            state.moment_bytes()
+        }
     }
 
     /// HBM bytes the Adam step reads and writes per parameter it updates. With master weights:
@@ -1005,11 +1009,7 @@ impl Job {
         if self.training.master_weights {
             state.step_bytes_per_param()
         } else {
-            let moments = match state {
-                OptimizerStateDtype::Fp32 => 16,
-                OptimizerStateDtype::Bf16 => 8,
-            };
-            2 + 4 + moments
+            2 + 4 + 2 * state.moment_bytes()
         }
     }
 

@@ -774,7 +774,7 @@ mod tests {
     use crate::job::Precision;
     use crate::job::fixtures::{gpt3_175b_model, llama3_405b_job, small_job};
 
-    const GIB: f64 = (1u64 << 30) as f64;
+    use crate::units::GIB;
 
     /// GPT-3 175B (Brown et al. 2020) as in Korthikanti et al. Table 3: 96 layers, h 12288,
     /// 96 heads, s 2048, t 8, b 1; here on 512 GPUs (tp 8, pp 8, dp 8), 8 micro-batches.

@@ -4,6 +4,9 @@
 /// Picoseconds per second.
 pub const PS_PER_S: f64 = 1e12;
 
+/// Bytes in a GiB.
+pub const GIB: f64 = (1u64 << 30) as f64;
+
 /// A point in (or span of) simulated time, in picoseconds. `u64` picoseconds cover 213 days.
 pub type SimTime = u64;
 

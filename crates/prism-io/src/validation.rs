@@ -933,13 +933,10 @@ pub fn run_case(case: &Case, opts: &SimOptions) -> Result<CaseResult, String> {
         error_pct,
         tolerance_pct: case.tolerance_pct,
         within: error_pct.abs() <= case.tolerance_pct,
-        peak_memory_gib: prism_core::memory::peak_memory(&loaded.job).1.total() as f64 / GIB_BYTES,
+        peak_memory_gib: result.summary.peak_memory_bytes as f64 / prism_core::units::GIB,
         hbm_gib: loaded.job.cluster.gpu.hbm_gib,
     })
 }
-
-/// Bytes per GiB.
-const GIB_BYTES: f64 = (1u64 << 30) as f64;
 
 /// The group a case belongs to in [`stats`]: its id up to the first `_` (`meg21_t1_3` ->
 /// `meg21`), i.e. the source prefix of `calibration.csv`.

@@ -30,8 +30,7 @@ use crate::variability::Variability;
 use crate::{Error, Progress};
 use std::sync::Arc;
 
-/// Bytes in a GiB.
-pub const GIB: f64 = (1u64 << 30) as f64;
+pub use prism_core::units::GIB;
 
 /// What a search minimises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
