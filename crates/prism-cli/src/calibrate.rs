@@ -43,6 +43,12 @@ pub struct CalibrateArgs {
     /// Folds for cross-validation (0 = skip).
     #[arg(long, default_value_t = 5)]
     folds: usize,
+    /// Compare each run with Prism's expected iteration time with stragglers (`prism validate
+    /// --stragglers`) and fit the per-GPU speed spread (`gpu_speed_cv`, shared by every run of
+    /// the generation) with the other parameters: the spread is what makes the error change
+    /// with the GPU count, so the scaling series of the calibration set decide it.
+    #[arg(long)]
+    stragglers: bool,
 }
 
 /// The parameters of one generation.
@@ -50,6 +56,10 @@ pub struct CalibrateArgs {
 struct Params {
     compute: ComputeParams,
     comm: CommParams,
+    /// Per-GPU speed spread; used only when the runs are compared with stragglers.
+    gpu_speed_cv: f64,
+    /// Compare with the expected iteration time with stragglers.
+    stragglers: bool,
 }
 
 /// A fitted parameter: name, bounds, log-scaled search, accessors.
@@ -60,6 +70,20 @@ struct Spec {
     log: bool,
     get: fn(&Params) -> f64,
     set: fn(&mut Params, f64),
+}
+
+/// The spread as a fitted parameter (`--stragglers`): from identical GPUs to a 4% coefficient
+/// of variation (Sinha et al. SC22's 8% average max-min range over thousands of GPUs is about
+/// 1.1%; their worst clusters, 22%, about 3%).
+fn straggler_spec() -> Spec {
+    Spec {
+        name: "gpu_speed_cv",
+        lo: 0.0,
+        hi: 0.04,
+        log: false,
+        get: |p| p.gpu_speed_cv,
+        set: |p, x| p.gpu_speed_cv = x,
+    }
 }
 
 fn specs(generation: &str) -> Vec<Spec> {
@@ -192,10 +216,18 @@ fn errors(cases: &[&Case], p: &Params) -> Result<Vec<f64>> {
         comm: Some(p.comm.clone()),
         ..SimOptions::default()
     };
+    let how = if p.stragglers {
+        validation::CaseOptions {
+            compare: validation::Compare::Stragglers,
+            gpu_speed_cv: Some(p.gpu_speed_cv),
+        }
+    } else {
+        validation::CaseOptions::default()
+    };
     cases
         .par_iter()
         .map(|c| {
-            validation::run_case(c, &opts)
+            validation::run_case_with(c, &opts, &how)
                 .map(|r| r.error_pct)
                 .map_err(anyhow::Error::msg)
         })
@@ -613,11 +645,15 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
         Params {
             compute: ComputeParams::a100(),
             comm: CommParams::a100(),
+            gpu_speed_cv: prism_core::straggler::DEFAULT_GPU_SPEED_CV,
+            stragglers: args.stragglers,
         }
     } else {
         Params {
             compute: ComputeParams::h100(),
             comm: CommParams::h100(),
+            gpu_speed_cv: prism_core::straggler::DEFAULT_GPU_SPEED_CV,
+            stragglers: args.stragglers,
         }
     };
     // 1. Kernel-level parameters from a measured trace.
@@ -649,6 +685,9 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
     }
     if args.kineto.is_some() {
         specs.retain(|s| s.name != "nvlink_efficiency");
+    }
+    if args.stragglers {
+        specs.push(straggler_spec());
     }
     let start: Vec<f64> = specs.iter().map(|s| to_unit(s, (s.get)(&base))).collect();
     // One tick per objective evaluation (each simulates every training case); the fit and
@@ -688,8 +727,9 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
     let worst = fitted_errors.iter().map(|x| x.abs()).fold(0.0, f64::max);
     bar.suspend(|| {
         println!(
-            "{generation}: {} cases; MAPE before {before:.2}%, after fit {in_sample:.2}% (in-sample), max |error| {worst:.2}%",
-            cases.len()
+            "{generation}: {} cases{}; MAPE before {before:.2}%, after fit {in_sample:.2}% (in-sample), max |error| {worst:.2}%",
+            cases.len(),
+            if args.stragglers { ", compared with stragglers" } else { "" }
         );
         for s in &specs {
             println!(

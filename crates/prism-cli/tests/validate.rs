@@ -127,3 +127,58 @@ fn closed_stdout_is_not_a_panic() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// `--json` says which prediction is compared and carries both; `--stragglers` compares the
+/// expected iteration with stragglers, `--gpu-speed-cv` sets the spread of every case, and an
+/// impossible spread is refused with the flag's name.
+#[test]
+fn validate_reports_nominal_and_straggler_errors() {
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["validate", "--filter", "meg20", "--json"];
+        args.extend_from_slice(extra);
+        let o = prism(&args);
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!(
+                "validate {extra:?}: {e}\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+    };
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}"));
+    let nominal = run(&[]);
+    assert_eq!(nominal["compared"], "nominal");
+    assert_eq!(f(&nominal, "mape"), f(&nominal, "mape_nominal"));
+    assert_eq!(
+        f(&nominal, "max_abs_error_pct"),
+        f(&nominal, "max_abs_error_nominal_pct")
+    );
+    let strag = run(&["--stragglers"]);
+    assert_eq!(strag["compared"], "stragglers");
+    assert_eq!(f(&strag, "mape"), f(&strag, "mape_stragglers"));
+    assert_eq!(f(&strag, "mape_nominal"), f(&nominal, "mape"));
+    assert_ne!(f(&strag, "mape"), f(&nominal, "mape"));
+    let (nc, sc) = (
+        nominal["cases"].as_array().unwrap(),
+        strag["cases"].as_array().unwrap(),
+    );
+    assert_eq!(nc.len(), 4);
+    for (n, s) in nc.iter().zip(sc) {
+        assert_eq!(f(n, "error_pct"), f(n, "error_nominal_pct"));
+        assert_eq!(f(s, "error_pct"), f(s, "error_stragglers_pct"));
+        assert_eq!(f(n, "error_stragglers_pct"), f(s, "error_stragglers_pct"));
+        assert!(f(n, "gpus") >= 128.0);
+        assert_eq!(f(n, "gpu_speed_cv"), 0.011);
+        // These are iteration times: stragglers lengthen them.
+        assert_eq!(n["metric"], "iteration_time_s");
+        assert!(f(n, "predicted_stragglers") > f(n, "predicted_nominal"));
+    }
+    let flat = run(&["--gpu-speed-cv", "0"]);
+    assert_eq!(f(&flat, "gpu_speed_cv_override"), 0.0);
+    for c in flat["cases"].as_array().unwrap() {
+        assert_eq!(f(c, "error_stragglers_pct"), f(c, "error_nominal_pct"));
+    }
+    let o = prism(&["validate", "--filter", "meg20", "--gpu-speed-cv", "0.9"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--gpu-speed-cv 0.9"), "{err}");
+}

@@ -96,6 +96,51 @@ impl Metric {
             Metric::IterationTimeS => s.iteration_time_s,
         }
     }
+
+    /// The metric's value at the summary's expected iteration time with stragglers
+    /// ([`Summary::expected_iteration_time_s`]): every rate is the nominal one times
+    /// `T / E[T]`, and the iteration time is `E[T]`.
+    pub fn from_summary_with_stragglers(self, s: &Summary) -> f64 {
+        let nominal = self.from_summary(s);
+        let (t, te) = (s.iteration_time_s, s.expected_iteration_time_s);
+        match self {
+            Metric::IterationTimeS => te,
+            _ if te > 0.0 => nominal * (t / te),
+            _ => nominal,
+        }
+    }
+}
+
+/// Which of Prism's two iteration times a case's published figure is compared with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Compare {
+    /// The simulated iteration on identical GPUs (the default: the calibrated parameters were
+    /// fitted against it, so whatever a run loses to its slowest GPU is folded into them).
+    #[default]
+    Nominal,
+    /// The expected iteration with stragglers: the nominal one stretched by the slowest of the
+    /// job's GPUs at the job's `cluster.gpu_speed_cv` ([`prism_core::straggler`]).
+    Stragglers,
+}
+
+impl Compare {
+    /// The name in `prism validate --json` (`compared`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Compare::Nominal => "nominal",
+            Compare::Stragglers => "stragglers",
+        }
+    }
+}
+
+/// How [`run_case_with`] compares a case.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CaseOptions {
+    /// Which iteration time the published figure is compared with.
+    pub compare: Compare,
+    /// Per-GPU speed spread to use in every case instead of the case job's
+    /// `cluster.gpu_speed_cv` (for scans and for `prism calibrate --stragglers`).
+    pub gpu_speed_cv: Option<f64>,
 }
 
 impl fmt::Display for Metric {
@@ -181,10 +226,24 @@ pub struct CaseResult {
     pub metric: Metric,
     /// The published value.
     pub published: f64,
-    /// Prism's prediction, same unit.
+    /// Prism's prediction, same unit, at the iteration time named by `compared`.
     pub predicted: f64,
     /// Signed relative error, percent: `(predicted - published) / published x 100`.
     pub error_pct: f64,
+    /// Which iteration time `predicted` and `error_pct` are at.
+    pub compared: Compare,
+    /// The prediction at the nominal iteration time (identical GPUs).
+    pub predicted_nominal: f64,
+    /// Signed error of `predicted_nominal`, percent.
+    pub error_nominal_pct: f64,
+    /// The prediction at the expected iteration time with stragglers.
+    pub predicted_stragglers: f64,
+    /// Signed error of `predicted_stragglers`, percent.
+    pub error_stragglers_pct: f64,
+    /// GPUs of the run.
+    pub num_gpus: u64,
+    /// The per-GPU speed spread the straggler prediction used.
+    pub gpu_speed_cv: f64,
     /// Accepted relative error, percent.
     pub tolerance_pct: f64,
     /// `|error_pct| <= tolerance_pct`.
@@ -196,6 +255,15 @@ pub struct CaseResult {
 }
 
 impl CaseResult {
+    /// The signed error of the comparison that was not made (stragglers when `compared` is
+    /// nominal, and the other way round), percent.
+    pub fn other_error_pct(&self) -> f64 {
+        match self.compared {
+            Compare::Nominal => self.error_stragglers_pct,
+            Compare::Stragglers => self.error_nominal_pct,
+        }
+    }
+
     /// Whether Prism's peak memory fits the GPU, as it must for a run that was published.
     pub fn fits(&self) -> bool {
         self.peak_memory_gib <= self.hbm_gib
@@ -907,23 +975,49 @@ fn render_job(
 /// Excluded cases, jobs that do not load, failed simulations and non-finite or non-positive
 /// predictions are errors.
 pub fn run_case(case: &Case, opts: &SimOptions) -> Result<CaseResult, String> {
+    run_case_with(case, opts, &CaseOptions::default())
+}
+
+/// [`run_case`] with a choice of the compared iteration time and of the GPU speed spread. One
+/// simulation gives both predictions; `predicted` and `error_pct` are the compared one.
+pub fn run_case_with(
+    case: &Case,
+    opts: &SimOptions,
+    how: &CaseOptions,
+) -> Result<CaseResult, String> {
     if let Status::Excluded(why) = &case.status {
         return Err(format!("case {}: excluded: {why}", case.id));
     }
     let loaded = jobfile::load_job_str(&case.job_toml, &format!("case {}", case.id), None, &[])
         .map_err(|e| e.to_string())?;
+    let mut job = loaded.job;
+    if let Some(cv) = how.gpu_speed_cv {
+        if !(cv.is_finite() && (0.0..=0.5).contains(&cv)) {
+            return Err(format!(
+                "gpu speed spread {cv}: expected a coefficient of variation from 0 to 0.5"
+            ));
+        }
+        job.cluster.gpu_speed_cv = cv;
+    }
     let mut o = opts.clone();
     o.mode = Mode::Reduced;
-    let result = prism_core::engine::simulate_or_full(&loaded.job, &o)
+    let result = prism_core::engine::simulate_or_full(&job, &o)
         .map_err(|e| format!("case {}: simulation failed: {e}", case.id))?;
-    let predicted = case.metric.from_summary(&result.summary);
-    if !(predicted.is_finite() && predicted > 0.0) {
-        return Err(format!(
-            "case {}: predicted {} = {predicted} is not a positive finite number",
-            case.id, case.metric
-        ));
+    let nominal = case.metric.from_summary(&result.summary);
+    let stragglers = case.metric.from_summary_with_stragglers(&result.summary);
+    for v in [nominal, stragglers] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(format!(
+                "case {}: predicted {} = {v} is not a positive finite number",
+                case.id, case.metric
+            ));
+        }
     }
-    let error_pct = (predicted - case.published) / case.published * 100.0;
+    let err = |v: f64| (v - case.published) / case.published * 100.0;
+    let (predicted, error_pct) = match how.compare {
+        Compare::Nominal => (nominal, err(nominal)),
+        Compare::Stragglers => (stragglers, err(stragglers)),
+    };
     Ok(CaseResult {
         id: case.id.clone(),
         source: case.source.clone(),
@@ -931,10 +1025,17 @@ pub fn run_case(case: &Case, opts: &SimOptions) -> Result<CaseResult, String> {
         published: case.published,
         predicted,
         error_pct,
+        compared: how.compare,
+        predicted_nominal: nominal,
+        error_nominal_pct: err(nominal),
+        predicted_stragglers: stragglers,
+        error_stragglers_pct: err(stragglers),
+        num_gpus: job.num_gpus(),
+        gpu_speed_cv: job.cluster.gpu_speed_cv,
         tolerance_pct: case.tolerance_pct,
         within: error_pct.abs() <= case.tolerance_pct,
         peak_memory_gib: result.summary.peak_memory_bytes as f64 / prism_core::units::GIB,
-        hbm_gib: loaded.job.cluster.gpu.hbm_gib,
+        hbm_gib: job.cluster.gpu.hbm_gib,
     })
 }
 
@@ -962,6 +1063,14 @@ fn group_stats(source: &str, errors: &[f64]) -> SourceStats {
 /// Mean and largest absolute percentage error per source prefix ([`source_prefix`], in order of
 /// first appearance) and over all results (`source = "overall"`).
 pub fn stats(results: &[CaseResult]) -> (Vec<SourceStats>, SourceStats) {
+    stats_by(results, |r| r.error_pct)
+}
+
+/// [`stats`] of another error of each result (e.g. `|r| r.error_stragglers_pct`).
+pub fn stats_by(
+    results: &[CaseResult],
+    error: impl Fn(&CaseResult) -> f64,
+) -> (Vec<SourceStats>, SourceStats) {
     let mut order: Vec<&str> = Vec::new();
     let mut groups: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for r in results {
@@ -969,10 +1078,10 @@ pub fn stats(results: &[CaseResult]) -> (Vec<SourceStats>, SourceStats) {
         if !groups.contains_key(p) {
             order.push(p);
         }
-        groups.entry(p).or_default().push(r.error_pct);
+        groups.entry(p).or_default().push(error(r));
     }
     let per = order.iter().map(|p| group_stats(p, &groups[p])).collect();
-    let all: Vec<f64> = results.iter().map(|r| r.error_pct).collect();
+    let all: Vec<f64> = results.iter().map(&error).collect();
     (per, group_stats("overall", &all))
 }
 
@@ -980,19 +1089,23 @@ pub fn stats(results: &[CaseResult]) -> (Vec<SourceStats>, SourceStats) {
 /// within, and Prism's peak memory per GPU (marked where it exceeds the GPU's).
 pub fn results_table(results: &[CaseResult]) -> String {
     let w = results.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
+    let compared = results.first().map(|r| r.compared).unwrap_or_default();
+    let other = other_label(compared);
     let mut out = format!(
-        "{:<w$}  {:<20}  {:>12}  {:>12}  {:>8}  ok   {:>8}\n",
-        "id", "metric", "published", "predicted", "error %", "peak GiB"
+        "{:<w$}  {:>6}  {:<20}  {:>12}  {:>12}  {:>8}  ok   {:>12}  {:>8}\n",
+        "id", "GPUs", "metric", "published", "predicted", "error %", other, "peak GiB"
     );
     for r in results {
         out.push_str(&format!(
-            "{:<w$}  {:<20}  {:>12}  {:>12}  {:>+8.1}  {:<3}  {:>8.1}{}\n",
+            "{:<w$}  {:>6}  {:<20}  {:>12}  {:>12}  {:>+8.1}  {:<3}  {:>+12.1}  {:>8.1}{}\n",
             r.id,
+            r.num_gpus,
             r.metric.name(),
             fmt_value(r.published),
             fmt_value(r.predicted),
             r.error_pct,
             if r.within { "yes" } else { "no" },
+            r.other_error_pct(),
             r.peak_memory_gib,
             if r.fits() {
                 String::new()
@@ -1004,17 +1117,54 @@ pub fn results_table(results: &[CaseResult]) -> String {
     out
 }
 
+/// The column header of the error that is not compared.
+pub fn other_label(compared: Compare) -> &'static str {
+    match compared {
+        Compare::Nominal => "stragglers %",
+        Compare::Stragglers => "nominal %",
+    }
+}
+
 /// A fixed-width text table of [`stats`]: per source, then overall.
 pub fn stats_table(per_source: &[SourceStats], overall: &SourceStats) -> String {
+    stats_table_with(per_source, overall, None)
+}
+
+/// [`stats_table`] with a second pair of columns for the other comparison (`(label, per
+/// source, overall)`, as [`stats_by`] gives them).
+pub fn stats_table_with(
+    per_source: &[SourceStats],
+    overall: &SourceStats,
+    other: Option<(&str, &[SourceStats], &SourceStats)>,
+) -> String {
     let mut out = format!(
-        "{:<12}  {:>5}  {:>8}  {:>9}\n",
+        "{:<12}  {:>5}  {:>8}  {:>9}",
         "source", "cases", "MAPE %", "max |e| %"
     );
-    for s in per_source.iter().chain(std::iter::once(overall)) {
+    if let Some((label, _, _)) = other {
+        out.push_str(&format!("  {:>24}", format!("{label}: MAPE / max")));
+    }
+    out.push('\n');
+    let others: Vec<&SourceStats> = match other {
+        Some((_, per, all)) => per.iter().chain(std::iter::once(all)).collect(),
+        None => Vec::new(),
+    };
+    for (i, s) in per_source
+        .iter()
+        .chain(std::iter::once(overall))
+        .enumerate()
+    {
         out.push_str(&format!(
-            "{:<12}  {:>5}  {:>8.1}  {:>9.1}\n",
+            "{:<12}  {:>5}  {:>8.1}  {:>9.1}",
             s.source, s.count, s.mape, s.max_abs
         ));
+        if let Some(o) = others.get(i) {
+            out.push_str(&format!(
+                "  {:>24}",
+                format!("{:.1} / {:.1}", o.mape, o.max_abs)
+            ));
+        }
+        out.push('\n');
     }
     out
 }

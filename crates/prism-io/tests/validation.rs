@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use prism_core::SimOptions;
 use prism_io::jobfile::load_job_str;
 use prism_io::validation::{
-    Case, Metric, Status, parse_cases, read_cases, results_table, run_case, stats, stats_table,
+    Case, CaseOptions, Compare, Metric, Status, parse_cases, read_cases, results_table, run_case,
+    run_case_with, stats, stats_by, stats_table,
 };
 
 fn repo_root() -> PathBuf {
@@ -218,6 +219,76 @@ fn a_minimal_case_parses_and_runs() {
         (r.predicted - 0.4) / 0.4 * 100.0,
         "signed error in percent"
     );
+}
+
+/// Both predictions of a case come from one simulation: the straggler one is the nominal one
+/// at `E[T] = T + compute x cv x E[max of N standard normals]`, checked here against the
+/// tabulated order statistic for N = 32 (E[max] = 2.0697, Tippett 1925), for a rate and for an
+/// iteration time; `compare` picks which one is the case's error and tolerance verdict.
+#[test]
+fn straggler_predictions_follow_the_order_statistic() {
+    let rate =
+        &one_case("t1,Test,mfu,0.4,20,modelled,,llama3-8b,dgx-h100,4,8,1,4,32,bf16,,").unwrap()[0];
+    let time =
+        &one_case("t2,Test,iteration_time_s,2.0,20,modelled,,llama3-8b,dgx-h100,4,8,1,4,32,bf16,,")
+            .unwrap()[0];
+    let opts = SimOptions::default();
+    // The nominal iteration and its compute, simulated directly.
+    let job = load_job_str(&rate.job_toml, "t1", None, &[]).unwrap().job;
+    assert_eq!(job.num_gpus(), 32);
+    let mut o = opts.clone();
+    o.mode = prism_core::Mode::Reduced;
+    let s = prism_core::engine::simulate_or_full(&job, &o)
+        .unwrap()
+        .summary;
+    let cv = 0.02;
+    let expected = s.iteration_time_s + s.breakdown.compute_s * cv * 2.0697;
+    let how = CaseOptions {
+        compare: Compare::Stragglers,
+        gpu_speed_cv: Some(cv),
+    };
+    let r = run_case_with(rate, &opts, &how).unwrap();
+    assert_eq!(r.num_gpus, 32);
+    assert_eq!(r.gpu_speed_cv, cv);
+    assert_eq!(r.predicted_nominal, s.mfu);
+    let want = s.mfu * s.iteration_time_s / expected;
+    assert!(
+        (r.predicted_stragglers / want - 1.0).abs() < 1e-4,
+        "MFU with stragglers {} vs closed form {want}",
+        r.predicted_stragglers
+    );
+    assert!(r.predicted_stragglers < r.predicted_nominal);
+    assert_eq!(r.compared, Compare::Stragglers);
+    assert_eq!(r.predicted, r.predicted_stragglers);
+    assert_eq!(r.error_pct, r.error_stragglers_pct);
+    assert_eq!(r.other_error_pct(), r.error_nominal_pct);
+    let t = run_case_with(time, &opts, &how).unwrap();
+    assert_eq!(t.predicted_nominal, s.iteration_time_s);
+    assert!((t.predicted_stragglers / expected - 1.0).abs() < 1e-4);
+    // The default compares the nominal prediction and reports the other beside it.
+    let n = run_case(rate, &opts).unwrap();
+    assert_eq!(n.compared, Compare::Nominal);
+    assert_eq!(n.predicted, n.predicted_nominal);
+    assert_eq!(n.error_pct, n.error_nominal_pct);
+    assert_eq!(n.other_error_pct(), n.error_stragglers_pct);
+    assert_eq!(n.gpu_speed_cv, prism_core::straggler::DEFAULT_GPU_SPEED_CV);
+    // No spread: both predictions are the same number.
+    let zero = CaseOptions {
+        compare: Compare::Stragglers,
+        gpu_speed_cv: Some(0.0),
+    };
+    let z = run_case_with(rate, &opts, &zero).unwrap();
+    assert_eq!(z.predicted_stragglers, z.predicted_nominal);
+    // Statistics of either error.
+    let (_, all) = stats_by(&[r.clone(), n.clone()], |x| x.error_nominal_pct);
+    assert_eq!(all.max_abs, r.error_nominal_pct.abs());
+    // A spread outside 0..0.5 is refused.
+    let bad = CaseOptions {
+        compare: Compare::Nominal,
+        gpu_speed_cv: Some(0.7),
+    };
+    let e = run_case_with(rate, &opts, &bad).unwrap_err();
+    assert!(e.contains("0.7") && e.contains("0 to 0.5"), "{e}");
 }
 
 #[test]
