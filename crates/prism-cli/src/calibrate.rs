@@ -56,10 +56,9 @@ pub struct CalibrateArgs {
 struct Params {
     compute: ComputeParams,
     comm: CommParams,
-    /// Per-GPU speed spread; used only when the runs are compared with stragglers.
-    gpu_speed_cv: f64,
-    /// Compare with the expected iteration time with stragglers.
-    stragglers: bool,
+    /// Per-GPU speed spread when the runs are compared with stragglers (`--stragglers`); `None`
+    /// compares the nominal iteration.
+    straggler_cv: Option<f64>,
 }
 
 /// A fitted parameter: name, bounds, log-scaled search, accessors.
@@ -81,8 +80,11 @@ fn straggler_spec() -> Spec {
         lo: 0.0,
         hi: 0.04,
         log: false,
-        get: |p| p.gpu_speed_cv,
-        set: |p, x| p.gpu_speed_cv = x,
+        get: |p| {
+            p.straggler_cv
+                .unwrap_or(prism_core::straggler::DEFAULT_GPU_SPEED_CV)
+        },
+        set: |p, x| p.straggler_cv = Some(x),
     }
 }
 
@@ -216,13 +218,12 @@ fn errors(cases: &[&Case], p: &Params) -> Result<Vec<f64>> {
         comm: Some(p.comm.clone()),
         ..SimOptions::default()
     };
-    let how = if p.stragglers {
-        validation::CaseOptions {
-            compare: validation::Compare::Stragglers,
-            gpu_speed_cv: Some(p.gpu_speed_cv),
-        }
-    } else {
-        validation::CaseOptions::default()
+    let how = validation::CaseOptions {
+        compare: match p.straggler_cv {
+            Some(_) => validation::Compare::Stragglers,
+            None => validation::Compare::Nominal,
+        },
+        gpu_speed_cv: p.straggler_cv,
     };
     cases
         .par_iter()
@@ -641,20 +642,17 @@ pub fn run(args: &CalibrateArgs) -> Result<()> {
     if cases.is_empty() {
         bail!("no modelled case runs on {generation}");
     }
-    let mut base = if generation == "a100" {
-        Params {
-            compute: ComputeParams::a100(),
-            comm: CommParams::a100(),
-            gpu_speed_cv: prism_core::straggler::DEFAULT_GPU_SPEED_CV,
-            stragglers: args.stragglers,
-        }
+    let (compute, comm) = if generation == "a100" {
+        (ComputeParams::a100(), CommParams::a100())
     } else {
-        Params {
-            compute: ComputeParams::h100(),
-            comm: CommParams::h100(),
-            gpu_speed_cv: prism_core::straggler::DEFAULT_GPU_SPEED_CV,
-            stragglers: args.stragglers,
-        }
+        (ComputeParams::h100(), CommParams::h100())
+    };
+    let mut base = Params {
+        compute,
+        comm,
+        straggler_cv: args
+            .stragglers
+            .then_some(prism_core::straggler::DEFAULT_GPU_SPEED_CV),
     };
     // 1. Kernel-level parameters from a measured trace.
     if let (Some(path), Some(job_path)) = (&args.kineto, &args.kineto_job) {

@@ -143,18 +143,20 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
     }
     let excluded: Vec<&Case> = cases.iter().filter(|c| !c.status.is_modelled()).collect();
     if let Some(cv) = args.gpu_speed_cv
-        && !(cv.is_finite() && (0.0..=0.5).contains(&cv))
+        && !prism_core::straggler::is_valid_gpu_speed_cv(cv)
     {
-        bail!("--gpu-speed-cv {cv}: expected a coefficient of variation from 0 to 0.5");
+        bail!(
+            "--gpu-speed-cv {cv}: expected a coefficient of variation from 0 to {}",
+            prism_core::straggler::MAX_GPU_SPEED_CV
+        );
     }
     let how = args.case_options();
     let results = run_all(&cases, &SimOptions::default(), &how)?;
-    let (per_source, overall) = validation::stats(&results);
-    let (other_per_source, other_overall) =
-        validation::stats_by(&results, CaseResult::other_error_pct);
-    let (nominal, stragglers) = match how.compare {
-        Compare::Nominal => ((&per_source, &overall), (&other_per_source, &other_overall)),
-        Compare::Stragglers => ((&other_per_source, &other_overall), (&per_source, &overall)),
+    let stats_at = |c: Compare| validation::stats_by(&results, |r| r.error_at(c));
+    let (nominal, stragglers) = (stats_at(Compare::Nominal), stats_at(Compare::Stragglers));
+    let ((per_source, overall), (other_per_source, other_overall)) = match how.compare {
+        Compare::Nominal => (&nominal, &stragglers),
+        Compare::Stragglers => (&stragglers, &nominal),
     };
     let failures: Vec<&CaseResult> = results.iter().filter(|r| !r.within).collect();
     // Published runs ran: a predicted peak above the GPU's memory is a memory-model error.
@@ -183,8 +185,8 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
         let md = markdown(
             &cases,
             &results,
-            (&per_source, &overall),
-            (&other_per_source, &other_overall),
+            (per_source.as_slice(), overall),
+            (other_per_source.as_slice(), other_overall),
             calculon,
             args.plot.as_ref(),
             path,
@@ -224,12 +226,12 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
         out!(
             "{}",
             validation::stats_table_with(
-                &per_source,
-                &overall,
+                per_source,
+                overall,
                 Some((
-                    validation::other_label(how.compare).trim_end_matches(" %"),
-                    &other_per_source,
-                    &other_overall
+                    how.compare.other().name(),
+                    other_per_source.as_slice(),
+                    other_overall
                 ))
             )
         )?;
@@ -308,7 +310,7 @@ fn markdown(
          `validation/README.md`). Errors are signed: (predicted - published) / published.\n"
     );
     let compare = results.first().map(|r| r.compared).unwrap_or_default();
-    let other = validation::other_label(compare).trim_end_matches(" %");
+    let other = compare.other().name();
     let _ = writeln!(md, "{}.\n", compared_line(compare));
     let _ = writeln!(
         md,

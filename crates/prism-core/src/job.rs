@@ -1254,7 +1254,7 @@ impl Job {
             "cluster.gpu_speed_cv",
             c.gpu_speed_cv,
             0.0,
-            0.5,
+            crate::straggler::MAX_GPU_SPEED_CV,
             "(a fraction)",
         )?;
         positive(

@@ -24,6 +24,14 @@ use statrs::function::erf::erfc;
 /// Default coefficient of variation of per-GPU speed (`cluster.gpu_speed_cv`).
 pub const DEFAULT_GPU_SPEED_CV: f64 = 0.011;
 
+/// Largest accepted per-GPU speed spread (`cluster.gpu_speed_cv`).
+pub const MAX_GPU_SPEED_CV: f64 = 0.5;
+
+/// Whether `cv` is an accepted per-GPU speed spread: finite, from 0 to [`MAX_GPU_SPEED_CV`].
+pub fn is_valid_gpu_speed_cv(cv: f64) -> bool {
+    cv.is_finite() && (0.0..=MAX_GPU_SPEED_CV).contains(&cv)
+}
+
 /// `ln Phi(x)` for the standard normal CDF, accurate in both tails.
 fn ln_phi(x: f64) -> f64 {
     if x < 0.0 {

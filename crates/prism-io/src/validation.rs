@@ -131,6 +131,14 @@ impl Compare {
             Compare::Stragglers => "stragglers",
         }
     }
+
+    /// The comparison that is not this one.
+    pub fn other(self) -> Compare {
+        match self {
+            Compare::Nominal => Compare::Stragglers,
+            Compare::Stragglers => Compare::Nominal,
+        }
+    }
 }
 
 /// How [`run_case_with`] compares a case.
@@ -255,13 +263,18 @@ pub struct CaseResult {
 }
 
 impl CaseResult {
+    /// The signed error at `compare`'s iteration time, percent.
+    pub fn error_at(&self, compare: Compare) -> f64 {
+        match compare {
+            Compare::Nominal => self.error_nominal_pct,
+            Compare::Stragglers => self.error_stragglers_pct,
+        }
+    }
+
     /// The signed error of the comparison that was not made (stragglers when `compared` is
     /// nominal, and the other way round), percent.
     pub fn other_error_pct(&self) -> f64 {
-        match self.compared {
-            Compare::Nominal => self.error_stragglers_pct,
-            Compare::Stragglers => self.error_nominal_pct,
-        }
+        self.error_at(self.compared.other())
     }
 
     /// Whether Prism's peak memory fits the GPU, as it must for a run that was published.
@@ -992,9 +1005,10 @@ pub fn run_case_with(
         .map_err(|e| e.to_string())?;
     let mut job = loaded.job;
     if let Some(cv) = how.gpu_speed_cv {
-        if !(cv.is_finite() && (0.0..=0.5).contains(&cv)) {
+        if !prism_core::straggler::is_valid_gpu_speed_cv(cv) {
             return Err(format!(
-                "gpu speed spread {cv}: expected a coefficient of variation from 0 to 0.5"
+                "gpu speed spread {cv}: expected a coefficient of variation from 0 to {}",
+                prism_core::straggler::MAX_GPU_SPEED_CV
             ));
         }
         job.cluster.gpu_speed_cv = cv;
@@ -1014,10 +1028,11 @@ pub fn run_case_with(
         }
     }
     let err = |v: f64| (v - case.published) / case.published * 100.0;
-    let (predicted, error_pct) = match how.compare {
-        Compare::Nominal => (nominal, err(nominal)),
-        Compare::Stragglers => (stragglers, err(stragglers)),
+    let predicted = match how.compare {
+        Compare::Nominal => nominal,
+        Compare::Stragglers => stragglers,
     };
+    let error_pct = err(predicted);
     Ok(CaseResult {
         id: case.id.clone(),
         source: case.source.clone(),
@@ -1090,7 +1105,7 @@ pub fn stats_by(
 pub fn results_table(results: &[CaseResult]) -> String {
     let w = results.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
     let compared = results.first().map(|r| r.compared).unwrap_or_default();
-    let other = other_label(compared);
+    let other = format!("{} %", compared.other().name());
     let mut out = format!(
         "{:<w$}  {:>6}  {:<20}  {:>12}  {:>12}  {:>8}  ok   {:>12}  {:>8}\n",
         "id", "GPUs", "metric", "published", "predicted", "error %", other, "peak GiB"
@@ -1115,14 +1130,6 @@ pub fn results_table(results: &[CaseResult]) -> String {
         ));
     }
     out
-}
-
-/// The column header of the error that is not compared.
-pub fn other_label(compared: Compare) -> &'static str {
-    match compared {
-        Compare::Nominal => "stragglers %",
-        Compare::Stragglers => "nominal %",
-    }
 }
 
 /// A fixed-width text table of [`stats`]: per source, then overall.
