@@ -229,6 +229,31 @@ fn upproj_recompute_flops(job: &Job) -> f64 {
     }
 }
 
+/// Forward GEMM FLOPs per sequence that [`Recompute::SelectiveOp`] repeats in one layer: the
+/// K projection, the output projection unless a reduce-scatter (whose output the policy
+/// saves) follows it, and a SwiGLU's up projection. (A GeLU MLP's second projection is
+/// recomputed by an eager replay but nothing in the backward reads its output.)
+pub fn selective_op_gemm_flops_per_sequence(job: &Job) -> f64 {
+    let m = &job.model;
+    let p = &job.parallel;
+    let s = m.seq_len as f64;
+    let h = m.hidden as f64;
+    let hq = (m.heads * m.head_dim) as f64;
+    let hkv = (m.kv_heads * m.head_dim) as f64;
+    let k = 2.0 * s * h * hkv;
+    let o = if p.tp > 1 && p.sequence_parallel {
+        0.0
+    } else {
+        2.0 * s * hq * h
+    };
+    let up = if m.activation == crate::job::Activation::SwiGlu {
+        2.0 * s * h * m.ffn_hidden as f64
+    } else {
+        0.0
+    };
+    k + o + up
+}
+
 /// [`model_flops_per_iteration`] plus the forward work the job's `parallel.recompute` repeats.
 fn recomputed_forward_flops(job: &Job) -> f64 {
     let b = job.training.global_batch as f64;
@@ -238,6 +263,7 @@ fn recomputed_forward_flops(job: &Job) -> f64 {
                 Recompute::None => 0.0,
                 Recompute::Selective => core,
                 Recompute::Full => gemm + core,
+                Recompute::SelectiveOp => selective_op_gemm_flops_per_sequence(job),
             }
         });
         return model_flops_per_iteration(job) + b * recompute;
@@ -248,6 +274,7 @@ fn recomputed_forward_flops(job: &Job) -> f64 {
         Recompute::None => 0.0,
         Recompute::Selective => core,
         Recompute::Full => gemm + core,
+        Recompute::SelectiveOp => selective_op_gemm_flops_per_sequence(job),
     };
     model_flops_per_iteration(job) + b * layers * recompute
 }

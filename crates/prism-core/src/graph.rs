@@ -993,6 +993,96 @@ impl<'a> StageBuilder<'a> {
         }
     }
 
+    /// torchtitan's per-op selective checkpointing ([`Recompute::SelectiveOp`]): before layer
+    /// `layer`'s backward, the forward ops whose outputs its backward needs and the policy did
+    /// not save run again, in forward order: the first norm, the K projection (its input
+    /// gathered again with SP), the output projection when no reduce-scatter follows it (with
+    /// its all-reduce without SP), the residual, the second norm, a SwiGLU's up projection and
+    /// the activation function; an FP8 job casts their inputs (and, without the cache or FP8
+    /// gathers, their weights) again.
+    fn selective_op_recompute(&mut self, mb: u32, layer: u32, input: Option<u32>) {
+        let d = self.dims();
+        let swiglu = self.job.model.activation == Activation::SwiGlu;
+        let tag = Self::tag(Phase::Recompute, mb, layer);
+        let n1 = self.compute(
+            "norm1_recompute",
+            OpClass::Norm,
+            Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &Self::deps(input),
+        );
+        let k = self.gathered_gemm(
+            "k_recompute",
+            Self::gemm(d.t, d.kv_local, d.h),
+            tag,
+            n1,
+            d.sp,
+        );
+        let scattered = d.sp && d.tp > 1;
+        let proj = if scattered {
+            k
+        } else {
+            self.reduced_gemm(
+                "out_proj_recompute",
+                Self::gemm(d.t, d.h, d.o_local),
+                tag,
+                &k,
+            )
+        };
+        let res1 = self.compute(
+            "residual1_recompute",
+            OpClass::Elementwise,
+            Self::mem(3 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &proj,
+        );
+        let n2 = self.compute(
+            "norm2_recompute",
+            OpClass::Norm,
+            Self::mem(2 * d.t_sp * d.h * ACT_BYTES),
+            tag,
+            &[res1],
+        );
+        let mut cur = if swiglu {
+            self.gathered_gemm(
+                "fc1_up_recompute",
+                Self::gemm(d.t, d.ffn_local, d.h),
+                tag,
+                n2,
+                d.sp,
+            )
+        } else {
+            vec![n2]
+        };
+        let act_in = if swiglu { 2 * d.ffn_local } else { d.ffn_local };
+        let act = self.compute(
+            "act_recompute",
+            OpClass::Elementwise,
+            Self::mem((act_in + d.ffn_local) * d.t * ACT_BYTES),
+            tag,
+            &cur,
+        );
+        cur = vec![act];
+        if self.job.training.precision == Precision::Fp8 {
+            // The recomputed GEMMs' inputs are cast to FP8 again (read BF16, write FP8), and
+            // their weights where neither the cache nor FP8 gathers keep them in FP8.
+            let up = if swiglu { d.ffn_local } else { 0 };
+            let o = if scattered { 0 } else { d.o_local };
+            let mut bytes = 3 * d.t * (d.h + o + if swiglu { d.h } else { 0 });
+            let par = &self.job.parallel;
+            if !self.job.training.fp8_weight_cache && !par.fp8_param_gather {
+                bytes += 3 * d.h * (d.kv_local + o + up);
+            }
+            self.compute(
+                "fp8_cast_recompute",
+                OpClass::Elementwise,
+                Self::mem(bytes),
+                tag,
+                &cur,
+            );
+        }
+    }
+
     /// One MTP module's backward (depth `k`) from the gradient op `grad`: its layer (recomputed
     /// first under full recompute), then the projection. Returns the projection's input
     /// gradient.
@@ -1000,8 +1090,12 @@ impl<'a> StageBuilder<'a> {
         let layer = self.job.model.layers + k;
         let d = self.dims();
         let tag = Self::tag(Phase::Backward, mb, layer);
-        if self.job.parallel.recompute == Recompute::Full {
-            self.layer_forward(mb, layer, Some(grad), Phase::Recompute);
+        match self.job.parallel.recompute {
+            Recompute::Full => {
+                self.layer_forward(mb, layer, Some(grad), Phase::Recompute);
+            }
+            Recompute::SelectiveOp => self.selective_op_recompute(mb, layer, Some(grad)),
+            _ => {}
         }
         let (g, wg) = self.layer_backward(mb, layer, Some(grad));
         if last_mb {
@@ -1434,8 +1528,25 @@ impl<'a> StageBuilder<'a> {
     /// of the micro-batch that opens the iteration and kept for every other pass; without it
     /// they are cast (read BF16, write FP8) in every forward, recomputed forward included, and
     /// again, transposed, in every backward.
+    ///
+    /// With FP8 gathers (`fp8_param_gather`) the weights arrive in FP8: each rank casts only
+    /// its shard (read BF16, write FP8: 3 bytes per shard element) before the gather, and the
+    /// gathered weight is transposed for the backward (read and write FP8: 2 bytes per
+    /// element), once per iteration with the cache.
     fn fp8_weight_cast_bytes(&self, layer: u32, tag: OpTag) -> u64 {
         let weights = self.layer_weights_local(layer);
+        let par = &self.job.parallel;
+        if par.fp8_param_gather {
+            let shards = (par.dp * par.cp) as u64;
+            let cache = self.job.training.fp8_weight_cache;
+            return match tag.phase {
+                Phase::Forward if !cache || tag.micro_batch == 0 => {
+                    3 * weights.div_ceil(shards) + if cache { 2 * weights } else { 0 }
+                }
+                Phase::Backward if !cache => 2 * weights,
+                _ => 0,
+            };
+        }
         if !self.job.training.fp8_weight_cache {
             3 * weights
         } else if tag.phase == Phase::Forward && tag.micro_batch == 0 {
@@ -2132,8 +2243,12 @@ impl<'a> StageBuilder<'a> {
             if gather {
                 self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
             }
-            if self.job.parallel.recompute == Recompute::Full {
-                self.layer_forward(mb, layer, cur, Phase::Recompute);
+            match self.job.parallel.recompute {
+                Recompute::Full => {
+                    self.layer_forward(mb, layer, cur, Phase::Recompute);
+                }
+                Recompute::SelectiveOp => self.selective_op_recompute(mb, layer, cur),
+                _ => {}
             }
             let out = self.layer_backward(mb, layer, cur);
             cur = Some(out.0);
@@ -2735,8 +2850,38 @@ impl<'a> StageBuilder<'a> {
     fn zero3_gather(&mut self, layer: u32, tag: OpTag, deps: &[u32]) -> Option<u32> {
         let (dense, expert) = self.layer_param_split(layer);
         let tag = OpTag { layer, ..tag };
-        let (d, e) =
-            self.data_parallel(Collective::AllGather, dense, expert, PARAM_BYTES, tag, deps);
+        let bytes = self.layer_param_gather_bytes();
+        let (d, e) = self.data_parallel(Collective::AllGather, dense, expert, bytes, tag, deps);
+        e.or(d)
+    }
+
+    /// Bytes per transformer-layer parameter in the data-parallel parameter gathers: 1 with
+    /// FP8 gathers (`fp8_param_gather`), else BF16.
+    fn layer_param_gather_bytes(&self) -> u64 {
+        if self.job.parallel.fp8_param_gather {
+            1
+        } else {
+            PARAM_BYTES
+        }
+    }
+
+    /// The parameter all-gather of one distributed-optimizer bucket (dense over DP, experts
+    /// over expert-DP): its layers at [`Self::layer_param_gather_bytes`], the embedding and
+    /// LM head in BF16. Returns the later of the two ops.
+    fn bucket_param_gather(&mut self, b: &Bucket, tag: OpTag, deps: &[u32]) -> Option<u32> {
+        let per = self.layer_param_gather_bytes();
+        let (mut dense, mut expert) = (b.dense * PARAM_BYTES, b.expert * PARAM_BYTES);
+        if per != PARAM_BYTES {
+            for item in &b.items {
+                if let Item::Layer(l) = item {
+                    let (ld, le) = self.layer_param_split(*l);
+                    dense -= ld * (PARAM_BYTES - per);
+                    expert -= le * (PARAM_BYTES - per);
+                }
+            }
+        }
+        let d = self.collective(GroupKind::Dp, Collective::AllGather, dense, tag, deps);
+        let e = self.collective(GroupKind::Edp, Collective::AllGather, expert, tag, deps);
         e.or(d)
     }
 
@@ -2771,16 +2916,8 @@ impl<'a> StageBuilder<'a> {
         }
         let tag = Self::tag(Phase::Optimizer, NONE, NONE);
         for b in self.buckets.clone().iter().rev() {
-            let (dense, expert) = self.data_parallel(
-                Collective::AllGather,
-                b.dense,
-                b.expert,
-                PARAM_BYTES,
-                tag,
-                &[],
-            );
             // The later of the two (both on the DP stream) marks the bucket ready.
-            if let Some(op) = expert.or(dense) {
+            if let Some(op) = self.bucket_param_gather(b, tag, &[]) {
                 for item in &b.items {
                     match item {
                         Item::Layer(l) => {
@@ -2869,14 +3006,7 @@ impl<'a> StageBuilder<'a> {
         );
         if par.distributed_optimizer && !par.overlap_param_gather {
             for b in self.buckets.clone() {
-                self.data_parallel(
-                    Collective::AllGather,
-                    b.dense,
-                    b.expert,
-                    PARAM_BYTES,
-                    tag,
-                    &[opt],
-                );
+                self.bucket_param_gather(&b, tag, &[opt]);
             }
         }
     }
@@ -2926,6 +3056,50 @@ mod tests {
 
     fn count(steps: &[Step], fwd: bool) -> usize {
         steps.iter().filter(|s| s.forward == fwd).count()
+    }
+
+    /// Per-op checkpointing: the GEMMs the built graph recomputes (summed over one rank of
+    /// every TP, CP and DP position) equal the closed form's recomputed FLOPs (hardware minus
+    /// model FLOPs), with and without sequence parallelism; nothing else is recomputed as a
+    /// GEMM, and the attention kernel never is.
+    #[test]
+    fn selective_op_recomputes_the_gemms_the_flop_count_says() {
+        use crate::job::{Activation, Recompute};
+        for (tp, sp, act) in [
+            (1, false, Activation::SwiGlu),
+            (2, true, Activation::SwiGlu),
+            (2, false, Activation::SwiGlu),
+            (2, true, Activation::Gelu),
+        ] {
+            let mut job = small_job(2, tp, 1, 32);
+            job.model.activation = act;
+            job.parallel.sequence_parallel = sp;
+            job.parallel.recompute = Recompute::SelectiveOp;
+            job.validate().unwrap();
+            let g = ExecutionGraph::build(&job);
+            let prog = &g.programs[0];
+            let mut flops = 0.0;
+            for (k, t) in prog.kind.iter().zip(&prog.tag) {
+                if let OpKind::Compute(c) = k {
+                    if t.phase != Phase::Recompute {
+                        continue;
+                    }
+                    assert_ne!(c.class, OpClass::Attention, "{}", c.name);
+                    if let Work::Gemm { m, n, k, batch } = c.work {
+                        flops += 2.0 * (m * n * k * batch) as f64;
+                    }
+                }
+            }
+            let p = &job.parallel;
+            let ranks = (p.tp * p.cp * p.dp) as f64;
+            let expected = crate::flops::hardware_flops_per_iteration(&job)
+                - crate::flops::model_flops_per_iteration(&job);
+            assert!(
+                expected > 0.0 && (flops * ranks - expected).abs() < 1e-9 * expected,
+                "tp {tp} sp {sp} {act:?}: graph {} vs closed form {expected}",
+                flops * ranks
+            );
+        }
     }
 
     #[test]

@@ -301,6 +301,16 @@ pub enum Recompute {
     Selective,
     /// Keep only each layer's input; recompute the whole layer forward in backward.
     Full,
+    /// torchtitan's per-op selective activation checkpointing (`[activation_checkpoint]
+    /// mode = "selective"`, `selective_ac_option = "op"`, the default of its Llama 3
+    /// configs): inside each layer the outputs of the attention kernel, of every
+    /// reduce-scatter and of every other matrix multiply (the 1st, 3rd, 5th, ... in forward
+    /// order: Q, V, the first MLP projection, and a SwiGLU's down projection) are saved with
+    /// the layer input; the backward recomputes what it needs of the rest (the norms, the K
+    /// projection, the output projection unless a reduce-scatter follows it, the residual,
+    /// SwiGLU's up projection, the activation). Dense layers with standard attention only
+    /// ([`Job::validate`]).
+    SelectiveOp,
 }
 
 /// Numeric precision of the GEMMs.
@@ -442,6 +452,13 @@ pub struct Parallel {
     pub reshard_after_forward: bool,
     /// ZeRO-3: when a layer's gradients are reduce-scattered ([`Zero3Sync`]).
     pub zero3_grad_sync: Zero3Sync,
+    /// FP8 jobs with sharded parameters (ZeRO-3, or the distributed optimizer): the
+    /// transformer layers' weights are gathered in FP8, 1 byte per parameter instead of 2
+    /// (torchtitan `float8.enable_fsdp_float8_all_gather`, Megatron `--fp8-param-gather`).
+    /// Each rank casts its own shard before the gather; the gathered FP8 weight is only
+    /// transposed for the backward (read and write 1 byte per element) instead of cast from
+    /// BF16. The embedding and output head stay BF16.
+    pub fp8_param_gather: bool,
 }
 
 /// When ZeRO-3 (FSDP) reduce-scatters a layer's gradients, and so how long its gathered
@@ -521,6 +538,8 @@ pub struct Training {
     pub memory_saving: MemorySaving,
     /// How FP8 GEMM operands are scaled (only with [`Precision::Fp8`]).
     pub fp8_recipe: Fp8Recipe,
+    /// Which fused-attention kernels run ([`AttentionBackend`]; only with `flash_attention`).
+    pub attention_backend: AttentionBackend,
     /// FP8 weights kept from the first micro-batch of an iteration to the last (only with
     /// [`Precision::Fp8`]): Megatron-Core flags each model chunk's first micro-batch
     /// (`set_is_first_microbatch`, `pipeline_parallel/schedules.py`) and Transformer Engine casts
@@ -583,6 +602,33 @@ impl Fp8Recipe {
     ];
 }
 
+/// The fused-attention kernels a job runs. The calibrated attention ceilings
+/// ([`crate::cost::compute::ComputeParams::attn_fwd_eff_max`]) are those of the cuDNN fused
+/// attention that Megatron-Core runs through Transformer Engine on Hopper; the other kernels
+/// are priced relative to it, as measured on the same GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionBackend {
+    /// cuDNN fused attention: Transformer Engine's `DotProductAttention` (Megatron-Core, NeMo
+    /// AutoModel's `attn: te`) and PyTorch SDPA's cuDNN back-end (torchtitan's first choice
+    /// from 2026; on B200 since May 2025).
+    #[default]
+    Cudnn,
+    /// PyTorch SDPA's flash back-end, the FlashAttention-2 kernels (torchtitan's first choice
+    /// on Hopper until 2026: `ScaledDotProductAttention._init_backend` at commit e7c0cae,
+    /// June 2025, puts cuDNN first on B200 only). On an H100 it runs at 0.506 (forward) and
+    /// 0.565 (backward) of cuDNN's throughput, median of 11 shapes (validation/h100), 0.511 and
+    /// 0.561 on an H200 (validation/h200).
+    Flash2,
+}
+
+impl AttentionBackend {
+    /// Job-file names.
+    pub const NAMES: [(&'static str, AttentionBackend); 2] = [
+        ("cudnn", AttentionBackend::Cudnn),
+        ("flash2", AttentionBackend::Flash2),
+    ];
+}
+
 /// Memory-saving techniques of the DeepSeek-V3 technical report (DeepSeek-AI 2024,
 /// arXiv:2412.19437, Sec. 3.2.3 and 3.3.3). Each is independent; the default (all off) is the
 /// plain Megatron-style accounting. Their effect on stored activations is spelled out tensor by
@@ -602,7 +648,7 @@ pub struct MemorySaving {
 impl MemorySaving {
     /// Whether the norm and up-projection recomputation is in effect for `recompute`.
     pub fn recomputes_norm_upproj(&self, recompute: Recompute) -> bool {
-        self.recompute_norm_upproj && recompute != Recompute::Full
+        self.recompute_norm_upproj && !matches!(recompute, Recompute::Full | Recompute::SelectiveOp)
     }
 }
 
@@ -1146,6 +1192,50 @@ impl Job {
                 "training.activation_cache",
                 "\"fp8\" caches the FP8 inputs of FP8 GEMMs; it needs training.precision = \"fp8\"",
             ));
+        }
+
+        if p.recompute == Recompute::SelectiveOp {
+            let why = if m.moe.is_some() {
+                Some(
+                    "a mixture-of-experts model (its expert GEMMs are not matrix multiplies the policy counts)",
+                )
+            } else if m.arch.mla.is_some() {
+                Some("multi-head latent attention")
+            } else if !t.flash_attention {
+                Some("unfused attention (the policy saves the fused attention kernel's output)")
+            } else if t.memory_saving.recompute_norm_upproj
+                || t.memory_saving.activation_cache != ActivationCache::Bf16
+            {
+                Some(
+                    "DeepSeek-V3's memory savings (training.recompute_norm_upproj, training.activation_cache)",
+                )
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(JobError::new(
+                    "parallel.recompute",
+                    format!(
+                        "\"selective-op\" (torchtitan's per-op checkpointing) is modelled for dense \
+                         layers with fused attention; not with {why}"
+                    ),
+                ));
+            }
+        }
+        if p.fp8_param_gather {
+            if t.precision != Precision::Fp8 {
+                return Err(JobError::new(
+                    "parallel.fp8_param_gather",
+                    "gathers FP8 weights; it needs training.precision = \"fp8\"",
+                ));
+            }
+            if p.zero_stage == 0 {
+                return Err(JobError::new(
+                    "parallel.fp8_param_gather",
+                    "gathers sharded parameters; it needs the distributed optimizer or ZeRO \
+                     (parallel.zero_stage >= 1)",
+                ));
+            }
         }
 
         // Model sizes.
@@ -1856,6 +1946,7 @@ pub mod fixtures {
                 pp_scatter_gather: true,
                 reshard_after_forward: true,
                 zero3_grad_sync: Zero3Sync::MicroBatch,
+                fp8_param_gather: false,
             },
             training: Training {
                 global_batch,
@@ -1864,6 +1955,7 @@ pub mod fixtures {
                 stack: Stack::MegatronCore,
                 memory_saving: MemorySaving::default(),
                 fp8_recipe: Fp8Recipe::Tensorwise,
+                attention_backend: AttentionBackend::Cudnn,
                 fp8_weight_cache: true,
                 master_weights: true,
             },

@@ -269,6 +269,9 @@ pub fn layer_activation_bytes_at(job: &Job, recompute: Recompute, layer: u32) ->
         let input = 2.0 * sb * h;
         return if sp { input / t } else { input };
     }
+    if recompute == Recompute::SelectiveOp {
+        return selective_op_layer_bytes(job);
+    }
 
     let hq = m.heads as f64 * m.head_dim as f64;
     let hkv = m.kv_heads as f64 * m.head_dim as f64;
@@ -356,6 +359,43 @@ pub fn layer_activation_bytes_at(job: &Job, recompute: Recompute, layer: u32) ->
     } else {
         replicated + split / t + core / t
     }
+}
+
+/// Activation bytes a dense layer keeps per micro-batch on one GPU under torchtitan's per-op
+/// selective checkpointing ([`Recompute::SelectiveOp`]). The checkpoint keeps the layer input
+/// and the outputs its policy saves (`_save_list` in torchtitan's `parallelize_llama.py`):
+///
+/// | tensor | bytes | split over t |
+/// |---|---|---|
+/// | layer input | 2sbh | with SP |
+/// | Q projection output (1st matrix multiply) | 2sb·hq | yes |
+/// | V projection output (3rd) | 2sb·hkv | yes |
+/// | attention output and FP32 log-sum-exp | 2sb·hq + 4sba | yes |
+/// | first MLP projection output (5th) | 2sbf | yes |
+/// | SwiGLU down projection output (7th; before the TP reduction, so whole) | 2sbh | no |
+/// | reduce-scatter outputs with SP (after the output projection and the MLP) | 2 x 2sbh | yes |
+///
+/// K (2nd), the output projection (4th) and the up or second MLP projection (6th) are
+/// recomputed; so are the norms, the residual and the activation function.
+fn selective_op_layer_bytes(job: &Job) -> f64 {
+    let m = &job.model;
+    let p = &job.parallel;
+    let sb = (m.seq_len / p.cp) as f64 * p.micro_batch as f64;
+    let h = m.hidden as f64;
+    let t = p.tp as f64;
+    let sp = p.sequence_parallel && p.tp > 1;
+    let hq = (m.heads * m.head_dim) as f64;
+    let hkv = (m.kv_heads * m.head_dim) as f64;
+    let f = m.ffn_hidden as f64;
+    let input = if sp { 2.0 * sb * h / t } else { 2.0 * sb * h };
+    let split = (2.0 * sb * (hq + hkv + hq + f) + 4.0 * sb * m.heads as f64) / t;
+    let down = if m.activation == crate::job::Activation::SwiGlu {
+        2.0 * sb * h
+    } else {
+        0.0
+    };
+    let scattered = if sp { 2.0 * 2.0 * sb * h / t } else { 0.0 };
+    input + split + down + scattered
 }
 
 /// Micro-batches whose activations stage `stage` (0-based) holds at its peak, in units of the
@@ -653,7 +693,7 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
         // Every layer's shard at `bytes` per parameter, plus the `n` largest layers gathered
         // whole beside their shards (FSDP's unsharded buffers; a part whose group has one rank
         // is never gathered: its shard is the whole).
-        let whole = |n: usize, bytes: u64| {
+        let whole_as = |n: usize, gathered_bytes: u64, bytes: u64| {
             let gathered: u64 = each
                 .iter()
                 .take(n)
@@ -661,8 +701,9 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
                     (if dp_cp > 1 { x.dense } else { 0 }) + (if edp_cp > 1 { x.expert } else { 0 })
                 })
                 .sum();
-            bytes * gathered + sharded(bytes, layer_part)
+            gathered_bytes * gathered + sharded(bytes, layer_part)
         };
+        let whole = |n: usize, bytes: u64| whole_as(n, bytes, bytes);
         // Without resharding after the forward every layer of the stage is gathered between
         // its forward and backward; with a deferred sync (`Zero3Sync`) the stage's layers
         // stay gathered, and their gradients unreduced, over the whole span.
@@ -673,7 +714,13 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
             } else {
                 each.len()
             };
-            WEIGHT_BYTES_PER_PARAM * rest + whole(window, WEIGHT_BYTES_PER_PARAM)
+            // FP8 gathers (`fp8_param_gather`) hold the gathered layers in 1 byte.
+            let gathered = if p.fp8_param_gather {
+                1
+            } else {
+                WEIGHT_BYTES_PER_PARAM
+            };
+            WEIGHT_BYTES_PER_PARAM * rest + whole_as(window, gathered, WEIGHT_BYTES_PER_PARAM)
         } else {
             WEIGHT_BYTES_PER_PARAM * params.total()
         };
@@ -712,6 +759,21 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
             layer_activation_bytes(job, Recompute::Selective)
         };
         act += selective - activation_bytes_per_layer(job);
+    }
+    if p.recompute == Recompute::SelectiveOp && layers > 0.0 {
+        // The tensors one layer's backward recomputes, held while it runs: the two norm
+        // outputs, K, the residual, the output projection's output (when no reduce-scatter
+        // follows it) and the MLP's recomputed up projection and activation output.
+        let hkv = (m.kv_heads * m.head_dim) as f64;
+        let f = m.ffn_hidden as f64;
+        let sp = p.sequence_parallel && p.tp > 1;
+        let o = if sp { 0.0 } else { 2.0 * sb * h };
+        let mlp = if m.activation == crate::job::Activation::SwiGlu {
+            2.0 * 2.0 * sb * f / t
+        } else {
+            2.0 * sb * f / t
+        };
+        act += 3.0 * 2.0 * sb * h / sp_div + 2.0 * sb * hkv / t + o + mlp;
     }
     // DualPipe: both end ranks hold an embedding and a head (of opposite directions).
     let dual = p.schedule == Schedule::DualPipe;
@@ -801,6 +863,119 @@ mod tests {
         job.validate().unwrap();
         assert_eq!(job.parallel.dp, 128);
         job
+    }
+
+    /// torchtitan's per-op checkpointing, executed: walk the forward ops of a Llama block as
+    /// torchtitan's TP plan runs them (norm, [all-gather], wq, wk, wv, RoPE, SDPA, wo,
+    /// [reduce-scatter or all-reduce], residual, norm, [all-gather], w1, SiLU, w3, mul, w2,
+    /// [reduce-scatter or all-reduce], residual) with each output's bytes, apply the policy of
+    /// `parallelize_llama.py` (save outputs of mm, SDPA and reduce-scatter, except every
+    /// second mm) and add the checkpoint's input: the closed form must agree, with and
+    /// without tensor parallelism and sequence parallelism, for SwiGLU and GeLU MLPs.
+    #[test]
+    fn selective_op_memory_is_torchtitans_policy_executed() {
+        #[derive(PartialEq)]
+        enum Op {
+            Mm,
+            Sdpa,
+            ReduceScatter,
+            Other,
+        }
+        for (tp, sp, swiglu) in [
+            (1, false, true),
+            (8, true, true),
+            (8, false, true),
+            (4, true, false),
+            (1, false, false),
+        ] {
+            let mut job = llama405b_job();
+            job.parallel.tp = tp;
+            job.parallel.dp = 16384 / (tp * 16);
+            job.parallel.sequence_parallel = sp;
+            job.parallel.recompute = Recompute::SelectiveOp;
+            if !swiglu {
+                job.model.activation = crate::job::Activation::Gelu;
+            }
+            job.validate().unwrap();
+            let m = &job.model;
+            let sb = (m.seq_len * job.parallel.micro_batch) as f64;
+            let t = tp as f64;
+            let (h, f) = (m.hidden as f64, m.ffn_hidden as f64);
+            let hq = (m.heads * m.head_dim) as f64;
+            let hkv = (m.kv_heads * m.head_dim) as f64;
+            let seq_t = if sp { t } else { 1.0 };
+            let reduce = |ops: &mut Vec<(Op, f64)>| {
+                if t > 1.0 {
+                    if sp {
+                        ops.push((Op::ReduceScatter, 2.0 * sb * h / t));
+                    } else {
+                        ops.push((Op::Other, 2.0 * sb * h)); // all-reduce: not saved
+                    }
+                }
+            };
+            let gather = |ops: &mut Vec<(Op, f64)>| {
+                if sp && t > 1.0 {
+                    ops.push((Op::Other, 2.0 * sb * h));
+                }
+            };
+            let mut ops = vec![(Op::Other, 2.0 * sb * h / seq_t)]; // attention norm
+            gather(&mut ops);
+            ops.push((Op::Mm, 2.0 * sb * hq / t)); // wq
+            ops.push((Op::Mm, 2.0 * sb * hkv / t)); // wk
+            ops.push((Op::Mm, 2.0 * sb * hkv / t)); // wv
+            ops.push((Op::Other, 2.0 * sb * (hq + hkv) / t)); // RoPE
+            // SDPA: output and FP32 log-sum-exp per query and head.
+            ops.push((Op::Sdpa, (2.0 * sb * hq + 4.0 * sb * m.heads as f64) / t));
+            ops.push((Op::Mm, 2.0 * sb * h)); // wo: partial sums, whole
+            reduce(&mut ops);
+            ops.push((Op::Other, 2.0 * sb * h / seq_t)); // residual
+            ops.push((Op::Other, 2.0 * sb * h / seq_t)); // ffn norm
+            gather(&mut ops);
+            ops.push((Op::Mm, 2.0 * sb * f / t)); // w1
+            ops.push((Op::Other, 2.0 * sb * f / t)); // activation
+            if swiglu {
+                ops.push((Op::Mm, 2.0 * sb * f / t)); // w3
+                ops.push((Op::Other, 2.0 * sb * f / t)); // mul
+            }
+            ops.push((Op::Mm, 2.0 * sb * h)); // w2: partial sums, whole
+            reduce(&mut ops);
+            ops.push((Op::Other, 2.0 * sb * h / seq_t)); // residual
+            let mut mm = 0;
+            let mut saved = 2.0 * sb * h / seq_t; // the checkpoint's input
+            for (op, bytes) in ops {
+                if op == Op::Mm {
+                    mm += 1;
+                }
+                let keep = op != Op::Other && !(op == Op::Mm && mm % 2 == 0);
+                if keep {
+                    saved += bytes;
+                }
+            }
+            let model = activation_bytes_per_layer(&job);
+            assert!(
+                (model - saved).abs() < 1e-6 * saved,
+                "tp {tp} sp {sp} swiglu {swiglu}: {model} vs {saved}"
+            );
+        }
+    }
+
+    /// Saving more means recomputing less: per-op checkpointing sits between keeping every
+    /// activation and keeping only the layer input, in memory and in time.
+    #[test]
+    fn selective_op_lies_between_none_and_full() {
+        let mut bytes = Vec::new();
+        let mut times = Vec::new();
+        for r in [Recompute::None, Recompute::SelectiveOp, Recompute::Full] {
+            let mut job = small_job(2, 2, 2, 16);
+            job.model.activation = crate::job::Activation::SwiGlu;
+            job.parallel.recompute = r;
+            job.validate().unwrap();
+            bytes.push(activation_bytes_per_layer(&job));
+            let res = crate::simulate(&job, &crate::SimOptions::default()).unwrap();
+            times.push(res.summary.iteration_time_s);
+        }
+        assert!(bytes[0] > bytes[1] && bytes[1] > bytes[2], "{bytes:?}");
+        assert!(times[0] < times[1] && times[1] < times[2], "{times:?}");
     }
 
     /// Megatron keeps an FP16 job's main gradients in FP16: the gradient memory halves and

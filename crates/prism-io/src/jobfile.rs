@@ -335,6 +335,11 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("zero3_grad_sync", Ty::Str),
     fld("pipeline_rounds", Ty::U32),
     fld("moe_dispatcher", Ty::Str),
+    alias(
+        "fp8_param_gather",
+        Ty::Bool,
+        &["enable_fsdp_float8_all_gather"],
+    ),
 ];
 
 const TRAINING_FIELDS: &[Field] = &[
@@ -345,6 +350,7 @@ const TRAINING_FIELDS: &[Field] = &[
     fld("recompute_norm_upproj", Ty::Bool),
     fld("activation_cache", Ty::Str),
     fld("fp8_recipe", Ty::Str),
+    fld("attention_backend", Ty::Str),
     fld("fp8_weight_cache", Ty::Bool),
     fld("optimizer_state_dtype", Ty::Str),
     fld("master_weights", Ty::Bool),
@@ -2526,6 +2532,12 @@ fn build_training(
     let fp8_weight_cache = g
         .bool("fp8_weight_cache")?
         .unwrap_or(stack.defaults().fp8_weight_cache);
+    let attention_backend = g
+        .choice(
+            "attention_backend",
+            &prism_core::job::AttentionBackend::NAMES,
+        )?
+        .unwrap_or_default();
     Ok(Training {
         global_batch,
         precision,
@@ -2533,6 +2545,7 @@ fn build_training(
         stack,
         memory_saving,
         fp8_recipe,
+        attention_backend,
         fp8_weight_cache,
         master_weights,
     })
@@ -2719,6 +2732,7 @@ fn build_parallel(
                 ("none", Recompute::None),
                 ("selective", Recompute::Selective),
                 ("full", Recompute::Full),
+                ("selective-op", Recompute::SelectiveOp),
             ],
         )?
         .unwrap_or(Recompute::None);
@@ -2862,6 +2876,7 @@ fn build_parallel(
             .choice("zero3_grad_sync", &Zero3Sync::NAMES)?
             .unwrap_or(stack.zero3_grad_sync(pp)),
         pipeline_rounds: g.u32("pipeline_rounds")?.unwrap_or(1),
+        fp8_param_gather: g.bool("fp8_param_gather")?.unwrap_or(false),
         moe_dispatcher: g
             .choice(
                 "moe_dispatcher",

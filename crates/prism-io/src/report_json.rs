@@ -31,6 +31,7 @@ pub fn recompute_name(r: Recompute) -> &'static str {
         Recompute::None => "none",
         Recompute::Selective => "selective",
         Recompute::Full => "full",
+        Recompute::SelectiveOp => "selective-op",
     }
 }
 
@@ -162,6 +163,10 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     // A BF16 model without FP32 master weights, listed only then.
     if !job.training.master_weights {
         v["parallel"]["master_weights"] = json!(false);
+    }
+    // FP8 weight gathers, listed only when on.
+    if job.parallel.fp8_param_gather {
+        v["parallel"]["fp8_param_gather"] = json!(true);
     }
     if result.ranks.len() <= MAX_LISTED_RANKS {
         let layout = &result.graph.layout;

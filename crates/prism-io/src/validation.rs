@@ -384,7 +384,7 @@ const JOB_COLUMNS: &[JobColumn] = &[
         "recompute",
         "parallel",
         "recompute",
-        Kind::Choice(&["none", "selective", "full"]),
+        Kind::Choice(&["none", "selective", "full", "selective-op"]),
     ),
     jc(
         "distributed_optimizer",

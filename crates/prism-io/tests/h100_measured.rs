@@ -286,6 +286,88 @@ fn fused_attention_matches_the_calibrated_model() {
     }
 }
 
+/// Median over the measured shapes of cuDNN's time over the flash back-end's, for `kind`
+/// (`attn_fwd` or `attn_bwd`) in `rows`.
+fn flash_over_cudnn_throughput(rows: &[prism_io::kernel_bench::BenchKernel], kind: &str) -> f64 {
+    let mut by: std::collections::BTreeMap<String, (Option<f64>, Option<f64>)> = Default::default();
+    for r in rows.iter().filter(|r| r.kind == kind) {
+        let e = by.entry(format!("{:?}", r.work)).or_default();
+        match r.variant.as_str() {
+            "cudnn" => e.0 = Some(r.seconds),
+            "flash" => e.1 = Some(r.seconds),
+            _ => {}
+        }
+    }
+    let mut ratios: Vec<f64> = by.values().filter_map(|&(c, f)| Some(c? / f?)).collect();
+    assert!(ratios.len() >= 10, "{kind}: {} shapes", ratios.len());
+    ratios.sort_by(f64::total_cmp);
+    ratios[ratios.len() / 2]
+}
+
+#[test]
+fn flash2_attention_is_priced_as_measured_relative_to_cudnn() {
+    use prism_core::job::AttentionBackend;
+    // The constants are the measured medians (validation/h100 and validation/h200), to the
+    // three digits they are written with.
+    for (csv, params) in [
+        ("kernels.csv", ComputeParams::h100()),
+        ("../h200/kernels.csv", ComputeParams::h200()),
+    ] {
+        let rows = prism_io::kernel_bench::read_kernel_bench(&dir().join(csv))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (fwd, bwd) = params.attn_flash2_rel;
+        let mf = flash_over_cudnn_throughput(&rows, "attn_fwd");
+        let mb = flash_over_cudnn_throughput(&rows, "attn_bwd");
+        println!("{csv}: flash / cuDNN throughput, forward {mf:.4} backward {mb:.4}");
+        assert!((fwd - mf).abs() < 5e-4 && (bwd - mb).abs() < 5e-4);
+    }
+    // A flash2 job's attention kernels take exactly 1 / rel of the cuDNN job's time, and
+    // against the measured flash kernels the model errs as it does against cuDNN's.
+    let cudnn = step_job();
+    let mut flash = cudnn.clone();
+    flash.training.attention_backend = AttentionBackend::Flash2;
+    let (mc, mf) = (
+        model(&cudnn, Precision::Bf16),
+        model(&flash, Precision::Bf16),
+    );
+    let rel = ComputeParams::h100().attn_flash2_rel;
+    let mut errs: std::collections::BTreeMap<(String, String), Vec<f64>> = Default::default();
+    for r in rows().iter().filter(|r| r.kind.starts_with("attn_")) {
+        let work = r.work.expect("attention rows have a shape");
+        let (tc, tf) = (
+            predicted_us(&mc, OpClass::Attention, work),
+            predicted_us(&mf, OpClass::Attention, work),
+        );
+        let k = if r.kind == "attn_fwd" { rel.0 } else { rel.1 };
+        assert!(
+            (tf * k - tc).abs() < 1e-9 * tc,
+            "{}: {tf} x {k} vs {tc}",
+            r.kind
+        );
+        let p = if r.variant == "flash" { tf } else { tc };
+        errs.entry((r.kind.clone(), r.variant.clone()))
+            .or_default()
+            .push(err(p, r.us));
+    }
+    for kind in ["attn_fwd", "attn_bwd"] {
+        let c = print_stats(
+            &format!("{kind} cudnn, cudnn job"),
+            &errs[&(kind.into(), "cudnn".into())],
+        );
+        let f = print_stats(
+            &format!("{kind} flash, flash2 job"),
+            &errs[&(kind.into(), "flash".into())],
+        );
+        assert!(
+            (f.median - c.median).abs() < 0.08,
+            "{kind}: {} vs {}",
+            f.median,
+            c.median
+        );
+        assert!(f.mean_abs < c.mean_abs + 0.08);
+    }
+}
+
 #[test]
 fn memory_bound_kernels_stream_at_the_calibrated_bandwidth() {
     let job = step_job();

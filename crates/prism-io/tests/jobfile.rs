@@ -2447,3 +2447,79 @@ fn master_weights_key() {
         &[],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// torchtitan's per-op checkpointing, FP8 parameter gathers, the attention back-end
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn selective_op_fp8_param_gather_and_attention_backend_keys() {
+    use prism_core::job::{AttentionBackend, Recompute};
+    let j = ok(
+        SMALL,
+        &[
+            "parallel.recompute=selective-op",
+            "training.precision=fp8",
+            "parallel.zero_stage=3",
+            "parallel.enable_fsdp_float8_all_gather=true",
+            "training.attention_backend=flash2",
+        ],
+    );
+    assert_eq!(j.job.parallel.recompute, Recompute::SelectiveOp);
+    assert!(j.job.parallel.fp8_param_gather);
+    assert_eq!(j.job.training.attention_backend, AttentionBackend::Flash2);
+    // Megatron's spellings reach the same settings.
+    let j = ok(
+        SMALL,
+        &[
+            "parallel.recompute_granularity=selective-op",
+            "training.precision=fp8",
+            "parallel.fp8_param_gather=true",
+        ],
+    );
+    assert_eq!(j.job.parallel.recompute, Recompute::SelectiveOp);
+    assert!(j.job.parallel.fp8_param_gather);
+    // Defaults.
+    let j = ok(SMALL, &[]);
+    assert!(!j.job.parallel.fp8_param_gather);
+    assert_eq!(j.job.training.attention_backend, AttentionBackend::Cudnn);
+    // Bad values and combinations name the key and the rule.
+    fails(
+        SMALL,
+        &["training.attention_backend=flash3"],
+        "training.attention_backend",
+        &["\"cudnn\", \"flash2\""],
+    );
+    fails(
+        SMALL,
+        &["parallel.fp8_param_gather=true"],
+        "parallel.fp8_param_gather",
+        &["training.precision = \"fp8\""],
+    );
+    fails(
+        SMALL,
+        &[
+            "parallel.fp8_param_gather=true",
+            "training.precision=fp8",
+            "parallel.distributed_optimizer=false",
+        ],
+        "parallel.fp8_param_gather",
+        &["zero_stage >= 1"],
+    );
+    let moe = SMALL.replace("llama3-8b", "mixtral-8x7b");
+    fails(
+        &moe,
+        &["parallel.recompute=selective-op"],
+        "parallel.recompute",
+        &["\"selective-op\"", "mixture-of-experts"],
+    );
+    fails(
+        SMALL,
+        &[
+            "parallel.recompute=selective-op",
+            "training.flash_attention=false",
+        ],
+        "parallel.recompute",
+        &["unfused attention"],
+    );
+}

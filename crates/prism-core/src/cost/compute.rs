@@ -79,6 +79,13 @@ pub struct ComputeParams {
     /// FP8 GEMM throughput with MXFP8 block scaling relative to tensor-wise scaling (Blackwell
     /// only: the tensor cores apply the E8M0 block scales in the MMA instruction, so 1.0).
     pub fp8_mxfp8_rel: f64,
+    /// Throughput of PyTorch SDPA's flash back-end (FlashAttention-2,
+    /// [`crate::job::AttentionBackend::Flash2`]) relative to the cuDNN fused attention the
+    /// ceilings describe, forward and backward. H100: 0.506 / 0.565, H200: 0.511 / 0.561, the
+    /// medians over 11 shapes (1k-32k tokens, head widths 64-256, causal and not) measured on
+    /// each GPU (validation/h100, validation/h200). A100: 1.0 (its ceilings are
+    /// FlashAttention-2's).
+    pub attn_flash2_rel: (f64, f64),
     /// Weight-gradient GEMMs that accumulate into FP32 main gradients (Megatron's
     /// `--gradient-accumulation-fusion`: cuBLAS with an FP32 `C` and `beta = 1`) read and write
     /// that FP32 gradient, 8 bytes per weight element, in the epilogue. The part not hidden
@@ -191,6 +198,7 @@ impl ComputeParams {
             fp8_rowwise_rel: 1.0,
             fp8_blockwise_rel: 1.0,
             fp8_mxfp8_rel: 1.0,
+            attn_flash2_rel: (1.0, 1.0),
             wgrad_accum_hidden_tokens: 700.0,
             attn_fwd_eff_max: 0.70,
             attn_bwd_eff_max: 0.60,
@@ -227,6 +235,7 @@ impl ComputeParams {
             fp8_rowwise_rel: 0.883,
             fp8_blockwise_rel: 0.914,
             fp8_mxfp8_rel: 1.0,
+            attn_flash2_rel: (0.506, 0.565),
             wgrad_accum_hidden_tokens: 700.0,
             attn_fwd_eff_max: 0.712,
             attn_bwd_eff_max: 0.497,
@@ -246,7 +255,10 @@ impl ComputeParams {
     /// NVIDIA H200 (SXM, same GH100 die and clocks as H100; larger, faster HBM3e, which the
     /// model takes from the job's `hbm_tbps`). Same efficiencies as H100 until calibrated.
     pub fn h200() -> Self {
-        Self::h100()
+        ComputeParams {
+            attn_flash2_rel: (0.511, 0.561),
+            ..Self::h100()
+        }
     }
 
     /// NVIDIA B200 (148 SMs, BF16 ~2250 TFLOP/s dense). Provisional: there are few published
@@ -315,6 +327,8 @@ impl ComputeParams {
         unit("fp8_rowwise_rel", self.fp8_rowwise_rel)?;
         unit("fp8_blockwise_rel", self.fp8_blockwise_rel)?;
         unit("fp8_mxfp8_rel", self.fp8_mxfp8_rel)?;
+        unit("attn_flash2_rel.0", self.attn_flash2_rel.0)?;
+        unit("attn_flash2_rel.1", self.attn_flash2_rel.1)?;
         nonneg("wgrad_accum_hidden_tokens", self.wgrad_accum_hidden_tokens)?;
         unit("attn_fwd_eff_max", self.attn_fwd_eff_max)?;
         unit("attn_bwd_eff_max", self.attn_bwd_eff_max)?;
@@ -490,6 +504,8 @@ pub struct ComputeModel {
     peak_gemm: f64,
     /// FP8 GEMM throughput of the job's scaling recipe relative to tensor-wise scaling.
     fp8_recipe_rel: f64,
+    /// The job's attention kernels relative to cuDNN's (forward, backward).
+    attn_rel: (f64, f64),
     /// How weight gradients reach the main gradients (the stack's and the job's).
     grad_accum: GradAccum,
     /// The same model with [`UB_COMM_SMS`] fewer SMs, pricing kernels with
@@ -567,7 +583,12 @@ impl ComputeModel {
             crate::job::Fp8Recipe::Blockwise => params.fp8_blockwise_rel,
             crate::job::Fp8Recipe::Mxfp8 => params.fp8_mxfp8_rel,
         };
+        let attn_rel = match job.training.attention_backend {
+            crate::job::AttentionBackend::Cudnn => (1.0, 1.0),
+            crate::job::AttentionBackend::Flash2 => params.attn_flash2_rel,
+        };
         ComputeModel {
+            attn_rel,
             params,
             table,
             precision,
@@ -826,9 +847,9 @@ impl ComputeModel {
             head_dim.max(1),
         );
         let eff_max = if backward {
-            p.attn_bwd_eff_max
+            p.attn_bwd_eff_max * self.attn_rel.1
         } else {
-            p.attn_fwd_eff_max
+            p.attn_fwd_eff_max * self.attn_rel.0
         };
         let par_seq = if backward { seq_kv } else { seq_q };
         let blocks = batch as f64 * heads as f64 * par_seq.div_ceil(p.attn_block as u64) as f64;
