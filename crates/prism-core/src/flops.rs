@@ -241,7 +241,7 @@ pub fn selective_op_gemm_flops_per_sequence(job: &Job) -> f64 {
     let hq = (m.heads * m.head_dim) as f64;
     let hkv = (m.kv_heads * m.head_dim) as f64;
     let k = 2.0 * s * h * hkv;
-    let o = if p.tp > 1 && p.sequence_parallel {
+    let o = if p.splits_sequence() {
         0.0
     } else {
         2.0 * s * hq * h

@@ -603,7 +603,7 @@ impl<'a> StageBuilder<'a> {
         let m = &j.model;
         let t = par.micro_batch as u64 * m.seq_len as u64 / par.cp as u64;
         let tp = par.tp as u64;
-        let sp = par.sequence_parallel && tp > 1;
+        let sp = par.splits_sequence();
         Dims {
             t,
             t_sp: if sp { t / tp } else { t },
@@ -993,6 +993,20 @@ impl<'a> StageBuilder<'a> {
         }
     }
 
+    /// What the job's recompute mode replays of layer `layer`'s forward before its backward
+    /// (`input`: the op the backward starts from): the whole layer under full recompute,
+    /// torchtitan's unsaved ops under per-op checkpointing, nothing otherwise (selective
+    /// recompute rebuilds the attention core inside the layer's backward).
+    fn recompute_before_backward(&mut self, mb: u32, layer: u32, input: Option<u32>) {
+        match self.job.parallel.recompute {
+            Recompute::Full => {
+                self.layer_forward(mb, layer, input, Phase::Recompute);
+            }
+            Recompute::SelectiveOp => self.selective_op_recompute(mb, layer, input),
+            Recompute::None | Recompute::Selective => {}
+        }
+    }
+
     /// torchtitan's per-op selective checkpointing ([`Recompute::SelectiveOp`]): before layer
     /// `layer`'s backward, the forward ops whose outputs its backward needs and the policy did
     /// not save run again, in forward order: the first norm, the K projection (its input
@@ -1018,7 +1032,9 @@ impl<'a> StageBuilder<'a> {
             n1,
             d.sp,
         );
-        let scattered = d.sp && d.tp > 1;
+        // With SP (`d.sp`: TP > 1) a reduce-scatter, whose output is saved, follows the
+        // output projection.
+        let scattered = d.sp;
         let proj = if scattered {
             k
         } else {
@@ -1090,13 +1106,7 @@ impl<'a> StageBuilder<'a> {
         let layer = self.job.model.layers + k;
         let d = self.dims();
         let tag = Self::tag(Phase::Backward, mb, layer);
-        match self.job.parallel.recompute {
-            Recompute::Full => {
-                self.layer_forward(mb, layer, Some(grad), Phase::Recompute);
-            }
-            Recompute::SelectiveOp => self.selective_op_recompute(mb, layer, Some(grad)),
-            _ => {}
-        }
+        self.recompute_before_backward(mb, layer, Some(grad));
         let (g, wg) = self.layer_backward(mb, layer, Some(grad));
         if last_mb {
             self.mark_grad_ready(layer, wg);
@@ -2243,13 +2253,7 @@ impl<'a> StageBuilder<'a> {
             if gather {
                 self.zero3_prefetch(&mut gathers, &layers, i, tag, cur);
             }
-            match self.job.parallel.recompute {
-                Recompute::Full => {
-                    self.layer_forward(mb, layer, cur, Phase::Recompute);
-                }
-                Recompute::SelectiveOp => self.selective_op_recompute(mb, layer, cur),
-                _ => {}
-            }
+            self.recompute_before_backward(mb, layer, cur);
             let out = self.layer_backward(mb, layer, cur);
             cur = Some(out.0);
             if last_mb {
@@ -2869,20 +2873,24 @@ impl<'a> StageBuilder<'a> {
     /// over expert-DP): its layers at [`Self::layer_param_gather_bytes`], the embedding and
     /// LM head in BF16. Returns the later of the two ops.
     fn bucket_param_gather(&mut self, b: &Bucket, tag: OpTag, deps: &[u32]) -> Option<u32> {
-        let per = self.layer_param_gather_bytes();
-        let (mut dense, mut expert) = (b.dense * PARAM_BYTES, b.expert * PARAM_BYTES);
-        if per != PARAM_BYTES {
-            for item in &b.items {
-                if let Item::Layer(l) = item {
-                    let (ld, le) = self.layer_param_split(*l);
-                    dense -= ld * (PARAM_BYTES - per);
-                    expert -= le * (PARAM_BYTES - per);
-                }
-            }
-        }
-        let d = self.collective(GroupKind::Dp, Collective::AllGather, dense, tag, deps);
-        let e = self.collective(GroupKind::Edp, Collective::AllGather, expert, tag, deps);
+        let saved = PARAM_BYTES - self.layer_param_gather_bytes();
+        let (ld, le) = self.bucket_layer_params(b);
+        let dense = b.dense * PARAM_BYTES - ld * saved;
+        let expert = b.expert * PARAM_BYTES - le * saved;
+        // Sizes in bytes already: one byte per "element".
+        let (d, e) = self.data_parallel(Collective::AllGather, dense, expert, 1, tag, deps);
         e.or(d)
+    }
+
+    /// The transformer-layer parameters (dense, expert) among a bucket's items.
+    fn bucket_layer_params(&self, b: &Bucket) -> (u64, u64) {
+        b.items
+            .iter()
+            .filter_map(|item| match item {
+                Item::Layer(l) => Some(self.layer_param_split(*l)),
+                Item::Embedding | Item::LmHead => None,
+            })
+            .fold((0, 0), |(d, e), (ld, le)| (d + ld, e + le))
     }
 
     /// One data-parallel collective of `dense` and `expert` parameters' worth of `bytes_per`
@@ -2968,13 +2976,9 @@ impl<'a> StageBuilder<'a> {
             // buckets hold no layers.)
             let (mut dense, mut expert) = (b.dense, b.expert);
             if par.shards_grads() {
-                for item in &b.items {
-                    if let Item::Layer(l) = item {
-                        let (ld, le) = self.layer_param_split(*l);
-                        dense -= ld;
-                        expert -= le;
-                    }
-                }
+                let (ld, le) = self.bucket_layer_params(&b);
+                dense -= ld;
+                expert -= le;
                 if dense + expert == 0 {
                     continue;
                 }

@@ -313,6 +313,22 @@ pub enum Recompute {
     SelectiveOp,
 }
 
+impl Recompute {
+    /// Job-file names (Megatron's `--recompute-granularity` values, and torchtitan's per-op
+    /// policy).
+    pub const NAMES: [(&'static str, Recompute); 4] = [
+        ("none", Recompute::None),
+        ("selective", Recompute::Selective),
+        ("full", Recompute::Full),
+        ("selective-op", Recompute::SelectiveOp),
+    ];
+
+    /// The job-file spelling.
+    pub fn name(self) -> &'static str {
+        spelling(&Self::NAMES, self)
+    }
+}
+
 /// Numeric precision of the GEMMs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
@@ -503,6 +519,13 @@ impl Parallel {
     pub fn set_distributed_optimizer(&mut self, on: bool) {
         let stage = if on { self.zero_stage.max(1) } else { 0 };
         self.set_zero_stage(stage);
+    }
+
+    /// True when sequence parallelism splits the TP group's norm and dropout regions (it is
+    /// on and `tp > 1`): the TP reductions are reduce-scatters and the inputs of the
+    /// column-parallel GEMMs are all-gathered.
+    pub fn splits_sequence(&self) -> bool {
+        self.sequence_parallel && self.tp > 1
     }
 
     /// True when parameters are sharded over data parallelism (ZeRO-3 / FSDP).
@@ -1512,7 +1535,7 @@ impl Job {
                 ),
             ));
         }
-        if p.sequence_parallel && p.tp > 1 && !(m.seq_len / p.cp).is_multiple_of(p.tp) {
+        if p.splits_sequence() && !(m.seq_len / p.cp).is_multiple_of(p.tp) {
             return Err(JobError::new(
                 "parallel.sequence_parallel",
                 format!(

@@ -383,7 +383,7 @@ fn selective_op_layer_bytes(job: &Job) -> f64 {
     let sb = (m.seq_len / p.cp) as f64 * p.micro_batch as f64;
     let h = m.hidden as f64;
     let t = p.tp as f64;
-    let sp = p.sequence_parallel && p.tp > 1;
+    let sp = p.splits_sequence();
     let hq = (m.heads * m.head_dim) as f64;
     let hkv = (m.kv_heads * m.head_dim) as f64;
     let f = m.ffn_hidden as f64;
@@ -766,7 +766,7 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
         // follows it) and the MLP's recomputed up projection and activation output.
         let hkv = (m.kv_heads * m.head_dim) as f64;
         let f = m.ffn_hidden as f64;
-        let sp = p.sequence_parallel && p.tp > 1;
+        let sp = p.splits_sequence();
         let o = if sp { 0.0 } else { 2.0 * sb * h };
         let mlp = if m.activation == crate::job::Activation::SwiGlu {
             2.0 * 2.0 * sb * f / t

@@ -2726,15 +2726,7 @@ fn build_parallel(
         }
     };
     let recompute = g
-        .choice(
-            "recompute",
-            &[
-                ("none", Recompute::None),
-                ("selective", Recompute::Selective),
-                ("full", Recompute::Full),
-                ("selective-op", Recompute::SelectiveOp),
-            ],
-        )?
+        .choice("recompute", &Recompute::NAMES)?
         .unwrap_or(Recompute::None);
     let dist_given = g.bool("distributed_optimizer")?;
     let zero_stage = match g.u32("zero_stage")? {

@@ -27,12 +27,7 @@ pub fn schedule_name(s: Schedule) -> &'static str {
 
 /// Name of a recompute mode, as job files spell it.
 pub fn recompute_name(r: Recompute) -> &'static str {
-    match r {
-        Recompute::None => "none",
-        Recompute::Selective => "selective",
-        Recompute::Full => "full",
-        Recompute::SelectiveOp => "selective-op",
-    }
+    r.name()
 }
 
 /// A breakdown as `{compute_s, exposed_tp_s, ..., bubble_s}` ([`Breakdown::parts`] names plus
