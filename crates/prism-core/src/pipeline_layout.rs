@@ -142,6 +142,97 @@ impl PipelineLayout {
     pub fn decoder_layers(&self) -> u64 {
         self.stages.iter().map(|&l| l as u64).sum()
     }
+
+    /// The layout with `layers[s]` decoder layers on virtual stage `s`, the embedding opening
+    /// the first stage and the loss closing the last, written as Megatron-Core would: a run of
+    /// equal middle stages becomes `(t*k|)*n,`. Panics on an empty slice (no stage).
+    pub fn from_stage_layers(layers: &[u32]) -> Self {
+        assert!(!layers.is_empty(), "a pipeline layout needs a stage");
+        let stage = |k: u32| match k {
+            0 => String::new(),
+            1 => "t".to_string(),
+            2 => "tt".to_string(),
+            k => format!("t*{k}"),
+        };
+        let last = layers.len() - 1;
+        let mut text = format!("E{}", stage(layers[0]));
+        if last > 0 {
+            text.push('|');
+            let mut i = 1;
+            while i < last {
+                let run = layers[i..last]
+                    .iter()
+                    .take_while(|&&k| k == layers[i])
+                    .count();
+                if run == 1 {
+                    text.push_str(&format!("{}|", stage(layers[i])));
+                } else {
+                    text.push_str(&format!("({}|)*{run},", stage(layers[i])));
+                }
+                i += run;
+            }
+            text.push_str(&stage(layers[last]));
+        }
+        text.push('L');
+        let parsed = Self::parse(&text).expect("a generated layout parses");
+        debug_assert_eq!(parsed.stages, layers);
+        parsed
+    }
+}
+
+/// torchtitan's split of `layers` decoder layers over `stages` virtual pipeline stages
+/// (`torchtitan/distributed/pipeline_parallel.py`, `_generate_llm_fqn_per_model_part`, the
+/// same since July 2025): the embedding counts as `input_weight` layers and the norm and
+/// output head as `output_weight` (`pipeline_parallel_first_stage_less_layers` and
+/// `..._last_stage_less_layers`, 1 by default); the `layers + input_weight + output_weight`
+/// effective layers are dealt out evenly, the remainder one each to the first stages, and the
+/// first (last) stage builds `input_weight` (`output_weight`) fewer decoder layers. Returns the
+/// decoder layers of each stage, or torchtitan's refusal as a rule.
+pub fn torchtitan_stage_layers(
+    stages: u32,
+    layers: u32,
+    input_weight: u32,
+    output_weight: u32,
+) -> Result<Vec<u32>, String> {
+    if stages == 0 {
+        return Err("needs at least one pipeline stage".into());
+    }
+    if stages == 1 {
+        return Ok(vec![layers]);
+    }
+    let effective = u64::from(layers) + u64::from(input_weight) + u64::from(output_weight);
+    let n = u64::from(stages);
+    if n > effective {
+        return Err(format!(
+            "{stages} stages cannot be more than the effective layers {effective} (layers \
+             {layers} + first-stage weight {input_weight} + last-stage weight {output_weight})"
+        ));
+    }
+    let per = effective / n;
+    let extra = effective % n;
+    for (what, w) in [("first", input_weight), ("last", output_weight)] {
+        if u64::from(w) > per {
+            return Err(format!(
+                "the {what}-stage weight {w} exceeds the fewest effective layers per stage \
+                 ({effective} over {stages} stages: {per}); torchtitan refuses this split"
+            ));
+        }
+    }
+    let mut left = u64::from(layers);
+    let mut out = Vec::with_capacity(stages as usize);
+    for s in 0..n {
+        let mut k = per + u64::from(s < extra);
+        if s == 0 {
+            k -= u64::from(input_weight);
+        } else if s == n - 1 {
+            k -= u64::from(output_weight);
+        }
+        let k = k.min(left);
+        left -= k;
+        out.push(k as u32);
+    }
+    debug_assert_eq!(left, 0, "the effective layers add up to the model's");
+    Ok(out)
 }
 
 struct Parser<'a> {
@@ -313,5 +404,79 @@ mod tests {
             let err = PipelineLayout::parse(text).unwrap_err();
             assert!(err.contains(want), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn generated_layouts_read_back_and_read_as_megatron_writes_them() {
+        let cases: [(&[u32], &str); 6] = [
+            (&[126], "Et*126L"),
+            (&[1, 1], "Et|tL"),
+            (&[0, 2, 2, 2, 0], "E|(tt|)*3,L"),
+            (&[3, 2, 2, 2, 1], "Et*3|(tt|)*3,tL"),
+            (&[2, 3, 2, 2, 1], "Ett|t*3|(tt|)*2,tL"),
+            (&[4, 5, 4, 4, 4, 4, 4, 3], "Et*4|t*5|(t*4|)*5,t*3L"),
+        ];
+        for (layers, text) in cases {
+            let l = PipelineLayout::from_stage_layers(layers);
+            assert_eq!(l.text, text);
+            assert_eq!(l.stages, layers);
+            assert_eq!(PipelineLayout::parse(text).unwrap(), l);
+        }
+        // Every split of up to 7 stages with up to 3 layers each reads back.
+        for code in 0..4u32.pow(7) {
+            let n = 1 + code as usize % 7;
+            let layers: Vec<u32> = (0..n).map(|i| (code / 4u32.pow(i as u32)) % 4).collect();
+            let l = PipelineLayout::from_stage_layers(&layers);
+            assert_eq!(
+                PipelineLayout::parse(&l.text).unwrap().stages,
+                layers,
+                "{}",
+                l.text
+            );
+        }
+    }
+
+    #[test]
+    fn torchtitan_split_as_its_code_deals_the_layers() {
+        // The example of _generate_llm_fqn_per_model_part's docstring: 3 layers over 2
+        // stages with both weights 2: 7 effective layers, 4 then 3.
+        assert_eq!(torchtitan_stage_layers(2, 3, 2, 2).unwrap(), vec![2, 1]);
+        // Llama 3 8B (32 layers) on pp 4 with 2 stages per rank, torchtitan's defaults:
+        // 34 effective layers over 8 stages, 4 each and one more for the first two.
+        assert_eq!(
+            torchtitan_stage_layers(8, 32, 1, 1).unwrap(),
+            vec![4, 5, 4, 4, 4, 4, 4, 3]
+        );
+        // One stage holds everything; the weights play no part.
+        assert_eq!(torchtitan_stage_layers(1, 32, 5, 5).unwrap(), vec![32]);
+        // Closed form over a grid: the counts add up to the model's layers, and with the
+        // weights added back to the end stages every stage carries floor(e / s) or one more
+        // effective layers, the larger ones first.
+        for stages in 2..=12u32 {
+            for layers in 1..=40u32 {
+                for (iw, ow) in [(0, 0), (1, 1), (2, 1), (0, 3)] {
+                    let Ok(split) = torchtitan_stage_layers(stages, layers, iw, ow) else {
+                        continue;
+                    };
+                    assert_eq!(split.iter().sum::<u32>(), layers);
+                    let e = layers + iw + ow;
+                    let mut eff = split.clone();
+                    eff[0] += iw;
+                    eff[stages as usize - 1] += ow;
+                    let want: Vec<u32> = (0..stages)
+                        .map(|s| e / stages + u32::from(s < e % stages))
+                        .collect();
+                    assert_eq!(eff, want, "{stages} stages, {layers} layers, {iw}/{ow}");
+                }
+            }
+        }
+        let err = torchtitan_stage_layers(36, 32, 1, 1).unwrap_err();
+        assert!(
+            err.contains("36 stages cannot be more than the effective layers 34"),
+            "{err}"
+        );
+        let err = torchtitan_stage_layers(16, 30, 3, 1).unwrap_err();
+        assert!(err.contains("first-stage weight 3 exceeds"), "{err}");
+        assert!(torchtitan_stage_layers(0, 30, 1, 1).is_err());
     }
 }

@@ -316,6 +316,21 @@ const PARALLEL_FIELDS: &[Field] = &[
         Ty::Str,
         &["pipeline_model_parallel_layout"],
     ),
+    alias(
+        "layers_per_stage",
+        Ty::U32,
+        &["pipeline_parallel_layers_per_stage"],
+    ),
+    alias(
+        "first_stage_less_layers",
+        Ty::U32,
+        &["pipeline_parallel_first_stage_less_layers"],
+    ),
+    alias(
+        "last_stage_less_layers",
+        Ty::U32,
+        &["pipeline_parallel_last_stage_less_layers"],
+    ),
     fld("account_for_embedding_in_pipeline_split", Ty::Bool),
     fld("account_for_loss_in_pipeline_split", Ty::Bool),
     fld("deallocate_stage_input", Ty::Bool),
@@ -2622,7 +2637,12 @@ fn build_parallel(
             Some(v)
         }
     };
-    let vpp = match (g.u32("vpp")?.or(per_chunk), &pipeline_layout) {
+    let (pipeline_layout, split_vpp) =
+        match torchtitan_split(&g, sources, stack, model, pp, &pipeline_layout, per_chunk)? {
+            Some((layout, vpp)) => (Some(layout), vpp),
+            None => (pipeline_layout, None),
+        };
+    let vpp = match (g.u32("vpp")?.or(per_chunk).or(split_vpp), &pipeline_layout) {
         (Some(v), _) => v,
         (None, Some(l)) if pp > 0 && (l.stages.len() as u64).is_multiple_of(u64::from(pp)) => {
             let v = (l.stages.len() as u64 / u64::from(pp)).min(u64::from(u32::MAX)) as u32;
@@ -3084,6 +3104,152 @@ fn build_wan(
         links,
         sharing,
     })
+}
+
+/// torchtitan's pipeline split (`pipeline_parallel_layers_per_stage`,
+/// `pipeline_parallel_first_stage_less_layers`, `pipeline_parallel_last_stage_less_layers`;
+/// `prism_core::pipeline_layout::torchtitan_stage_layers`), written as the equivalent pipeline
+/// layout. It applies when one of the three keys is given, and by default to a
+/// `training.stack = "torchtitan"` job with `pp > 1` that places its layers no other way.
+/// With `layers_per_stage`, the virtual stages are `ceil((layers + first + last) /
+/// layers_per_stage)`, which must be a multiple of `pp`, and give `vpp`; without it, `pp x
+/// vpp`. Returns the layout and the `vpp` it derived, or `None` when the split does not apply.
+fn torchtitan_split(
+    g: &Getter<'_>,
+    sources: &mut Sources,
+    stack: Stack,
+    model: &Model,
+    pp: u32,
+    layout: &Option<PipelineLayout>,
+    per_chunk: Option<u32>,
+) -> Result<Option<(PipelineLayout, Option<u32>)>, JobFileError> {
+    let keys = [
+        "layers_per_stage",
+        "first_stage_less_layers",
+        "last_stage_less_layers",
+    ];
+    let per_stage = g.u32(keys[0])?;
+    let first_w = g.u32(keys[1])?;
+    let last_w = g.u32(keys[2])?;
+    let others = [
+        "pipeline_layout",
+        "num_layers_per_virtual_pipeline_stage",
+        "first_stage_layers",
+        "last_stage_layers",
+        "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split",
+    ];
+    let given = keys.iter().find(|k| g.entry(k).is_some()).copied();
+    let Some(key) = given else {
+        let placed = others.iter().any(|k| g.entry(k).is_some());
+        let dualpipe = g.str("schedule")? == Some("dualpipe");
+        if stack != Stack::TorchTitan || pp < 2 || placed || dualpipe {
+            return Ok(None);
+        }
+        let why = if g.entry("vpp").is_some() {
+            "parallel.vpp"
+        } else {
+            "parallel.pp"
+        };
+        return split_as_torchtitan(g, sources, model, pp, None, (1, 1), why);
+    };
+    let fail = |rule: String| g.error_at(key, rule);
+    if let Some(other) = others.iter().find(|k| g.entry(k).is_some()) {
+        return Err(fail(format!(
+            "cannot be combined with parallel.{other}: torchtitan's split and that key both \
+             place the layers (give one of them)"
+        )));
+    }
+    debug_assert!(layout.is_none() && per_chunk.is_none());
+    if pp < 2 {
+        return Err(fail(format!(
+            "needs pp >= 2 (got {pp}): torchtitan splits the model only across pipeline ranks"
+        )));
+    }
+    split_as_torchtitan(
+        g,
+        sources,
+        model,
+        pp,
+        per_stage,
+        (first_w.unwrap_or(1), last_w.unwrap_or(1)),
+        &format!("parallel.{key}"),
+    )
+}
+
+/// The body of [`torchtitan_split`] once it applies; `why` names the key that made it apply.
+fn split_as_torchtitan(
+    g: &Getter<'_>,
+    sources: &mut Sources,
+    model: &Model,
+    pp: u32,
+    per_stage: Option<u32>,
+    (first_w, last_w): (u32, u32),
+    why: &str,
+) -> Result<Option<(PipelineLayout, Option<u32>)>, JobFileError> {
+    if !(1..=MAX_LAYERS).contains(&model.layers) {
+        // Job::validate names the bad layer count.
+        return Ok(None);
+    }
+    let key = why.trim_start_matches("parallel.");
+    let fail = |rule: String| g.error_at(key, rule);
+    let given_vpp = g.u32("vpp")?;
+    let effective = u64::from(model.layers) + u64::from(first_w) + u64::from(last_w);
+    let (stages, derived_vpp) = match per_stage {
+        Some(0) => return Err(fail("must be at least 1".into())),
+        Some(n) => {
+            let stages = effective.div_ceil(u64::from(n));
+            if !stages.is_multiple_of(u64::from(pp)) {
+                return Err(fail(format!(
+                    "gives ceil((layers {} + first-stage weight {first_w} + last-stage weight \
+                     {last_w}) / {n}) = {stages} virtual stages, which is not a multiple of pp \
+                     = {pp} (torchtitan refuses it too)",
+                    model.layers
+                )));
+            }
+            let vpp = (stages / u64::from(pp)).min(u64::from(u32::MAX)) as u32;
+            if let Some(v) = given_vpp.filter(|&v| v != vpp) {
+                return Err(g.error_at(
+                    "vpp",
+                    format!(
+                        "must equal the {stages} virtual stages of parallel.{key} over pp = \
+                         {pp}, i.e. {vpp} (got {v}; or leave vpp out)"
+                    ),
+                ));
+            }
+            sources.insert(
+                "parallel.vpp".into(),
+                Src::Derived(format!(
+                    "vpp = ceil((layers + first + last) / layers_per_stage) / pp = ceil({effective} \
+                     / {n}) / {pp} = {vpp}"
+                )),
+            );
+            (stages, Some(vpp))
+        }
+        None => (u64::from(pp) * u64::from(given_vpp.unwrap_or(1)), None),
+    };
+    let stages = u32::try_from(stages)
+        .map_err(|_| fail(format!("gives {stages} virtual stages, too many")))?;
+    let layers =
+        prism_core::pipeline_layout::torchtitan_stage_layers(stages, model.layers, first_w, last_w)
+            .map_err(|rule| {
+                let stack = if matches!(why, "parallel.pp" | "parallel.vpp") {
+                    " (training.stack = \"torchtitan\" splits the layers as torchtitan does)"
+                } else {
+                    ""
+                };
+                fail(format!("torchtitan's split: {rule}{stack}"))
+            })?;
+    let parsed = PipelineLayout::from_stage_layers(&layers);
+    sources.insert(
+        "parallel.pipeline_layout".into(),
+        Src::Derived(format!(
+            "torchtitan's split (from {why}): {} layers with the embedding counted as {first_w} \
+             and the head as {last_w} over {stages} virtual stages = \"{}\"",
+            model.layers, parsed.text
+        )),
+    );
+    Ok(Some((parsed, derived_vpp)))
 }
 
 /// Megatron-Core's `--account-for-embedding-in-pipeline-split` and

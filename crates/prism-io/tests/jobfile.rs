@@ -2523,3 +2523,111 @@ fn selective_op_fp8_param_gather_and_attention_backend_keys() {
         &["unfused attention"],
     );
 }
+
+/// torchtitan's pipeline split (`pipeline_parallel_layers_per_stage` and the first/last
+/// stage weights, torchtitan/distributed/pipeline_parallel.py), as its code deals the layers:
+/// with layers_per_stage 3, Llama 3 8B's 32 layers plus the embedding and head (weight 1 each)
+/// make ceil(34 / 3) = 12 virtual stages, vpp 3 on pp 4, of 2 + 9 x 3 + 2 + 1 layers; a
+/// `training.stack = "torchtitan"` job that places its layers no other way is split the same
+/// way (8 stages of pp 4 x vpp 2: 4, 5, then 4s, 3 on the last), the Megatron stacks evenly.
+#[test]
+fn torchtitan_layers_per_stage_splits_as_torchtitan_does() {
+    let pp4 = ["parallel.tp=1", "parallel.pp=4", "parallel.dp=8"];
+    let with = |extra: &[&'static str]| {
+        let mut v: Vec<&str> = pp4.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    let j = ok(
+        SMALL,
+        &with(&["parallel.pipeline_parallel_layers_per_stage=3"]),
+    )
+    .job;
+    assert_eq!(j.parallel.vpp, 3);
+    assert_eq!(j.parallel.schedule, Schedule::Interleaved);
+    let mut want = vec![2];
+    want.extend([3; 9]);
+    want.extend([2, 1]);
+    assert_eq!(j.virtual_stage_layers(), want);
+    assert_eq!(
+        j.parallel.pipeline_layout.as_ref().unwrap().text,
+        "Ett|(t*3|)*9,tt|tL"
+    );
+    // The stack's default split, and the weights as torchtitan names them.
+    let tt = ok(
+        SMALL,
+        &with(&["training.stack=torchtitan", "parallel.vpp=2"]),
+    )
+    .job;
+    assert_eq!(tt.virtual_stage_layers(), vec![4, 5, 4, 4, 4, 4, 4, 3]);
+    let heavy_head = ok(
+        SMALL,
+        &with(&[
+            "training.stack=torchtitan",
+            "parallel.pipeline_parallel_last_stage_less_layers=3",
+        ]),
+    )
+    .job;
+    // 32 + 1 + 3 = 36 effective layers over 4 stages, 9 each.
+    assert_eq!(heavy_head.stage_layers(), vec![8, 9, 9, 6]);
+    let mc = ok(SMALL, &with(&["parallel.vpp=2"])).job;
+    assert!(mc.parallel.pipeline_layout.is_none());
+    assert_eq!(mc.virtual_stage_layers(), vec![4; 8]);
+    // A layout, first/last_stage_layers or pp 1 leave the stack's default out.
+    let own = ok(
+        SMALL,
+        &with(&[
+            "training.stack=torchtitan",
+            "parallel.first_stage_layers=7",
+            "parallel.last_stage_layers=7",
+        ]),
+    )
+    .job;
+    assert_eq!(own.stage_layers(), vec![7, 9, 9, 7]);
+
+    fails(
+        SMALL,
+        &with(&["parallel.layers_per_stage=4"]),
+        "parallel.layers_per_stage",
+        &[
+            "ceil((layers 32 + first-stage weight 1 + last-stage weight 1) / 4) = 9",
+            "pp = 4",
+        ],
+    );
+    fails(
+        SMALL,
+        &with(&["parallel.layers_per_stage=3", "parallel.vpp=2"]),
+        "parallel.vpp",
+        &["12 virtual stages", "i.e. 3 (got 2"],
+    );
+    fails(
+        SMALL,
+        &with(&[
+            "parallel.layers_per_stage=3",
+            "parallel.pipeline_layout=Et*16|t*16L",
+        ]),
+        "parallel.layers_per_stage",
+        &["cannot be combined with parallel.pipeline_layout"],
+    );
+    fails(
+        SMALL,
+        &["parallel.pp=1", "parallel.layers_per_stage=3"],
+        "parallel.layers_per_stage",
+        &["needs pp >= 2 (got 1)"],
+    );
+    fails(
+        SMALL,
+        &with(&["parallel.first_stage_less_layers=20"]),
+        "parallel.first_stage_less_layers",
+        &["first-stage weight 20 exceeds the fewest effective layers per stage"],
+    );
+    fails(
+        SMALL,
+        &with(&["training.stack=torchtitan", "parallel.vpp=9"]),
+        "parallel.vpp",
+        &[
+            "36 stages cannot be more than the effective layers 34",
+            "training.stack",
+        ],
+    );
+}
