@@ -2637,11 +2637,10 @@ fn build_parallel(
             Some(v)
         }
     };
-    let (pipeline_layout, split_vpp) =
-        match torchtitan_split(&g, sources, stack, model, pp, &pipeline_layout, per_chunk)? {
-            Some((layout, vpp)) => (Some(layout), vpp),
-            None => (pipeline_layout, None),
-        };
+    let (pipeline_layout, split_vpp) = match torchtitan_split(&g, sources, stack, model, pp)? {
+        Some((layout, vpp)) => (Some(layout), vpp),
+        None => (pipeline_layout, None),
+    };
     let vpp = match (g.u32("vpp")?.or(per_chunk).or(split_vpp), &pipeline_layout) {
         (Some(v), _) => v,
         (None, Some(l)) if pp > 0 && (l.stages.len() as u64).is_multiple_of(u64::from(pp)) => {
@@ -3120,8 +3119,6 @@ fn torchtitan_split(
     stack: Stack,
     model: &Model,
     pp: u32,
-    layout: &Option<PipelineLayout>,
-    per_chunk: Option<u32>,
 ) -> Result<Option<(PipelineLayout, Option<u32>)>, JobFileError> {
     let keys = [
         "layers_per_stage",
@@ -3146,12 +3143,12 @@ fn torchtitan_split(
         if stack != Stack::TorchTitan || pp < 2 || placed || dualpipe {
             return Ok(None);
         }
-        let why = if g.entry("vpp").is_some() {
-            "parallel.vpp"
+        let key = if g.entry("vpp").is_some() {
+            "vpp"
         } else {
-            "parallel.pp"
+            "pp"
         };
-        return split_as_torchtitan(g, sources, model, pp, None, (1, 1), why);
+        return split_as_torchtitan(g, sources, model, pp, None, (1, 1), (key, true));
     };
     let fail = |rule: String| g.error_at(key, rule);
     if let Some(other) = others.iter().find(|k| g.entry(k).is_some()) {
@@ -3160,7 +3157,6 @@ fn torchtitan_split(
              place the layers (give one of them)"
         )));
     }
-    debug_assert!(layout.is_none() && per_chunk.is_none());
     if pp < 2 {
         return Err(fail(format!(
             "needs pp >= 2 (got {pp}): torchtitan splits the model only across pipeline ranks"
@@ -3173,11 +3169,12 @@ fn torchtitan_split(
         pp,
         per_stage,
         (first_w.unwrap_or(1), last_w.unwrap_or(1)),
-        &format!("parallel.{key}"),
+        (key, false),
     )
 }
 
-/// The body of [`torchtitan_split`] once it applies; `why` names the key that made it apply.
+/// The body of [`torchtitan_split`] once it applies: `key` is the `parallel` key its errors
+/// name, `by_stack` true when the split applies as the torchtitan stack's default.
 fn split_as_torchtitan(
     g: &Getter<'_>,
     sources: &mut Sources,
@@ -3185,13 +3182,12 @@ fn split_as_torchtitan(
     pp: u32,
     per_stage: Option<u32>,
     (first_w, last_w): (u32, u32),
-    why: &str,
+    (key, by_stack): (&str, bool),
 ) -> Result<Option<(PipelineLayout, Option<u32>)>, JobFileError> {
     if !(1..=MAX_LAYERS).contains(&model.layers) {
         // Job::validate names the bad layer count.
         return Ok(None);
     }
-    let key = why.trim_start_matches("parallel.");
     let fail = |rule: String| g.error_at(key, rule);
     let given_vpp = g.u32("vpp")?;
     let effective = u64::from(model.layers) + u64::from(first_w) + u64::from(last_w);
@@ -3233,7 +3229,7 @@ fn split_as_torchtitan(
     let layers =
         prism_core::pipeline_layout::torchtitan_stage_layers(stages, model.layers, first_w, last_w)
             .map_err(|rule| {
-                let stack = if matches!(why, "parallel.pp" | "parallel.vpp") {
+                let stack = if by_stack {
                     " (training.stack = \"torchtitan\" splits the layers as torchtitan does)"
                 } else {
                     ""
@@ -3244,7 +3240,7 @@ fn split_as_torchtitan(
     sources.insert(
         "parallel.pipeline_layout".into(),
         Src::Derived(format!(
-            "torchtitan's split (from {why}): {} layers with the embedding counted as {first_w} \
+            "torchtitan's split (from parallel.{key}): {} layers with the embedding counted as {first_w} \
              and the head as {last_w} over {stages} virtual stages = \"{}\"",
             model.layers, parsed.text
         )),
