@@ -3303,22 +3303,25 @@ fn accounted_split(
         )));
     }
     let k = n / stages;
-    let t = |c: u64| match c {
-        0 => String::new(),
-        1 => "t".to_string(),
-        c => format!("t*{c}"),
-    };
-    let text = if stages == 1 {
-        format!("E{}L", t(u64::from(model.layers)))
+    // n <= MAX_LAYERS + 2 and stages divides it: both fit u32.
+    let layers: Vec<u32> = if stages == 1 {
+        vec![model.layers]
     } else {
-        let middle = if stages > 2 {
-            format!("({}|)*{}", t(k), stages - 2)
-        } else {
-            String::new()
-        };
-        format!("E{}|{middle}{}L", t(k - u64::from(e)), t(k - u64::from(l)))
+        (0..stages)
+            .map(|s| {
+                let fewer = if s == 0 {
+                    u64::from(e)
+                } else if s + 1 == stages {
+                    u64::from(l)
+                } else {
+                    0
+                };
+                (k - fewer) as u32
+            })
+            .collect()
     };
-    let parsed = PipelineLayout::parse(&text).map_err(fail)?;
+    let parsed = PipelineLayout::from_stage_layers(&layers);
+    let text = &parsed.text;
     sources.insert(
         "parallel.pipeline_layout".into(),
         Src::Derived(format!(
