@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 use crate::arch::{LocalAttention, WindowKind};
 use crate::cost::comm::Collective;
-use crate::job::{Activation, Job, Precision, Recompute, Schedule, Zero3Sync};
+use crate::job::{Activation, Job, PipelineP2p, Precision, Recompute, Schedule, Zero3Sync};
 use crate::layout::{GroupKind, Layout};
 use crate::ops::{ComputeOp, OpClass, Work};
 use crate::schedules::PipeStep;
@@ -495,8 +495,13 @@ struct StageBuilder<'a> {
     /// the optimizer step waits for it.
     last_micro_batch_reduce: Option<u32>,
     embedding_grad_ready: Option<u32>,
-    /// Last op issued that a following send must wait for (blocking P2P of plain 1F1B).
-    blocking_send: Option<u32>,
+    /// Sends the next compute op waits for (blocking pipeline messages: plain 1F1B and
+    /// GPipe, and the interleaved schedule with [`PipelineP2p::Blocking`]).
+    blocking: Vec<u32>,
+    /// [`PipelineP2p::SteadyState`]: the last forward's sends, which the next forward waits
+    /// for, and the last backward's, which the next backward waits for.
+    forward_sends: Vec<u32>,
+    backward_sends: Vec<u32>,
     /// Gradient / parameter buckets of this stage.
     buckets: Vec<Bucket>,
     /// Parameter all-gather each layer's forward waits for (overlapped param gather).
@@ -581,7 +586,9 @@ impl<'a> StageBuilder<'a> {
             lm_head_grad_ready: None,
             last_micro_batch_reduce: None,
             embedding_grad_ready: None,
-            blocking_send: None,
+            blocking: Vec::new(),
+            forward_sends: Vec::new(),
+            backward_sends: Vec::new(),
             buckets: Vec::new(),
             param_ready: BTreeMap::new(),
             embedding_param_ready: None,
@@ -666,15 +673,36 @@ impl<'a> StageBuilder<'a> {
                     self.pipe_step(st.shifted(off), m);
                 }
             } else {
-                for step in schedule(par.schedule, self.stage, par.pp, mr, par.vpp) {
+                let steps = schedule(par.schedule, self.stage, par.pp, mr, par.vpp);
+                let mut i = 0;
+                while i < steps.len() {
+                    let step = steps[i];
                     if step.forward {
-                        self.forward_step(step.micro_batch + off, step.chunk, m);
+                        let pair = steps.get(i + 1).filter(|b| !b.forward);
+                        match pair {
+                            // Megatron's blocking interleaved steady state: one exchange
+                            // after the forward and the backward.
+                            Some(b) if self.interleaved_blocking() => {
+                                self.held_sends = Some(Vec::new());
+                                self.forward_step(step.micro_batch + off, step.chunk, m);
+                                self.backward_step(b.micro_batch + off, b.chunk, m);
+                                self.release_held_sends();
+                                i += 1;
+                            }
+                            _ => self.forward_step(step.micro_batch + off, step.chunk, m),
+                        }
                     } else {
                         self.backward_step(step.micro_batch + off, step.chunk, m);
                     }
+                    i += 1;
                 }
             }
         }
+        // Megatron's cool-down sends block (`wait_on_reqs`): the optimizer step waits for the
+        // last backward's; a forward's unawaited handles are left to complete.
+        let last = std::mem::take(&mut self.backward_sends);
+        self.blocking.extend(last);
+        self.forward_sends.clear();
         self.optimizer();
     }
 
@@ -697,16 +725,36 @@ impl<'a> StageBuilder<'a> {
                 let mid = self.prog.len() as u32;
                 self.backward_step(b.0, b.1, m);
                 self.interleave(start, mid);
-                let held = self.held_sends.take().unwrap_or_default();
-                self.send_after = self.prog.stream_ops[Stream::Compute as usize]
-                    .last()
-                    .copied();
-                for (delta, tag, optag, cur) in held {
-                    self.send(delta, tag, optag, cur);
-                }
-                self.send_after = None;
+                self.release_held_sends();
             }
         }
+    }
+
+    /// Issues the sends held while a pair of chunks was built, after the pair's last kernel.
+    fn release_held_sends(&mut self) {
+        let held = self.held_sends.take().unwrap_or_default();
+        self.send_after = self.prog.stream_ops[Stream::Compute as usize]
+            .last()
+            .copied();
+        for (delta, tag, optag, cur) in held {
+            self.send(delta, tag, optag, cur);
+        }
+        self.send_after = None;
+    }
+
+    /// The interleaved schedule's messages with [`PipelineP2p::Blocking`]: every step waits
+    /// for the previous step's, and a steady-state forward's output leaves with its
+    /// backward's gradient after both.
+    fn interleaved_blocking(&self) -> bool {
+        self.job.parallel.schedule == Schedule::Interleaved
+            && self.job.parallel.pipeline_p2p == PipelineP2p::Blocking
+    }
+
+    /// The interleaved schedule with [`PipelineP2p::SteadyState`]: each forward waits for
+    /// the previous forward's sends, each backward for the previous backward's.
+    fn interleaved_steady_overlap(&self) -> bool {
+        self.job.parallel.schedule == Schedule::Interleaved
+            && self.job.parallel.pipeline_p2p == PipelineP2p::SteadyState
     }
 
     /// Overlaps the ops `start..mid` (a forward chunk) with `mid..` (a backward chunk, built
@@ -807,9 +855,7 @@ impl<'a> StageBuilder<'a> {
     /// With plain 1F1B, Megatron's P2P is blocking: the next kernel waits for the last send.
     fn with_blocking(&mut self, deps: &[u32]) -> Vec<u32> {
         let mut v = deps.to_vec();
-        if let Some(s) = self.blocking_send.take() {
-            v.push(s);
-        }
+        v.append(&mut self.blocking);
         v
     }
 
@@ -853,6 +899,10 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn forward_step(&mut self, mb: u32, chunk: u32, m: u32) {
+        // Megatron-Core's overlapped interleaved schedule waits for the previous forward's
+        // messages before this forward's first kernel.
+        let waits = std::mem::take(&mut self.forward_sends);
+        self.blocking.extend(waits);
         let d = self.dims();
         let tag = Self::tag(Phase::Forward, mb, NONE);
         let mut cur: Option<u32>;
@@ -1174,13 +1224,21 @@ impl<'a> StageBuilder<'a> {
                 .collect::<Vec<_>>(),
         );
         self.sends.push((op, target, tag));
-        // Plain 1F1B and GPipe block on their sends (Megatron's P2P); the interleaved and the
-        // overlapping schedules send asynchronously.
+        // Plain 1F1B and GPipe block on their sends (Megatron's P2P), and so does the
+        // interleaved schedule without overlap; with Megatron-Core's overlap the next step of
+        // the same direction waits for them; the overlapping schedules send asynchronously.
         if matches!(
             self.job.parallel.schedule,
             Schedule::OneFOneB | Schedule::GPipe
-        ) {
-            self.blocking_send = Some(op);
+        ) || self.interleaved_blocking()
+        {
+            self.blocking.push(op);
+        } else if self.interleaved_steady_overlap() {
+            if tag.backward {
+                self.backward_sends.push(op);
+            } else {
+                self.forward_sends.push(op);
+            }
         }
     }
 
@@ -2205,6 +2263,8 @@ impl<'a> StageBuilder<'a> {
     }
 
     fn backward_step(&mut self, mb: u32, chunk: u32, m: u32) {
+        let waits = std::mem::take(&mut self.backward_sends);
+        self.blocking.extend(waits);
         let d = self.dims();
         let tag = Self::tag(Phase::Backward, mb, NONE);
         let last_mb = self.is_last_backward(mb, chunk, m);

@@ -475,6 +475,32 @@ pub struct Parallel {
     /// transposed for the backward (read and write 1 byte per element) instead of cast from
     /// BF16. The embedding and output head stay BF16.
     pub fp8_param_gather: bool,
+    /// How the interleaved schedule's pipeline sends overlap the computation
+    /// ([`PipelineP2p`]). Plain 1F1B and GPipe always block on their sends (Megatron turns
+    /// the overlap off without interleaving); DualPipe and 1F1B with EP overlap have their own.
+    pub pipeline_p2p: PipelineP2p,
+}
+
+/// How an interleaved pipeline schedule's sends and receives overlap the computation, as
+/// Megatron's `p2p_communication` and `schedules.py` run them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PipelineP2p {
+    /// Every step's messages complete before the next step computes, and a steady-state
+    /// step sends its forward's output together with its backward's gradient after both
+    /// (one batched `send_forward_backward_recv_forward_backward`, then
+    /// `torch.cuda.synchronize()`): Megatron-LM until October 2023, `overlap_p2p_comm =
+    /// false` (`--no-overlap-p2p-communication`) since.
+    Blocking,
+    /// Megatron-Core's `overlap_p2p_comm` (the default from October 2023, 4eeff55d): each
+    /// forward waits for the previous forward's sends and receives, each backward for the
+    /// previous backward's. In the steady state the opposite direction's computation runs
+    /// in between; in the warm-up and the cool-down nothing does, so each step waits for its
+    /// predecessor's messages (`overlap_p2p_comm_warmup_flush = false`).
+    #[default]
+    SteadyState,
+    /// Nothing waits for a send: Megatron-Core's `overlap_p2p_comm_warmup_flush` (November
+    /// 2024), torch.distributed.pipelining, the asynchronous sends of Meta's Llama 3 runs.
+    Async,
 }
 
 /// When ZeRO-3 (FSDP) reduce-scatters a layer's gradients, and so how long its gathered
@@ -787,6 +813,8 @@ pub struct StackDefaults {
     /// FP8 weights cast once per iteration and kept across micro-batches
     /// ([`Training::fp8_weight_cache`]).
     pub fp8_weight_cache: bool,
+    /// How the interleaved schedule's pipeline messages overlap the computation.
+    pub pipeline_p2p: PipelineP2p,
 }
 
 impl Stack {
@@ -898,6 +926,7 @@ impl Stack {
             gradient_accumulation_fusion: true,
             pp_scatter_gather: true,
             fp8_weight_cache: true,
+            pipeline_p2p: PipelineP2p::SteadyState,
         };
         match self {
             Stack::MegatronCore => core,
@@ -911,6 +940,9 @@ impl Stack {
                 flash_attention: false,
                 gradient_accumulation_fusion: false,
                 fp8_weight_cache: false,
+                // `p2p_communication._communicate` waits for every batched send and receive,
+                // then `torch.cuda.synchronize()` (Megatron-LM until October 2023).
+                pipeline_p2p: PipelineP2p::Blocking,
                 ..core
             },
             Stack::DeepSpeed => StackDefaults {
@@ -923,12 +955,16 @@ impl Stack {
                 gradient_accumulation_fusion: true,
                 pp_scatter_gather: false,
                 fp8_weight_cache: false,
+                pipeline_p2p: PipelineP2p::Blocking,
             },
             Stack::TorchTitan => StackDefaults {
                 zero_stage: 3,
                 gradient_accumulation_fusion: false,
                 // torchao's Float8Linear casts the weight in every forward and backward.
                 fp8_weight_cache: false,
+                // torch.distributed.pipelining's schedules are priced with asynchronous sends
+                // (their receives still gate the chunk that needs them).
+                pipeline_p2p: PipelineP2p::Async,
                 ..core
             },
         }
@@ -1970,6 +2006,7 @@ pub mod fixtures {
                 reshard_after_forward: true,
                 zero3_grad_sync: Zero3Sync::MicroBatch,
                 fp8_param_gather: false,
+                pipeline_p2p: PipelineP2p::SteadyState,
             },
             training: Training {
                 global_batch,

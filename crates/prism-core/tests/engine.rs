@@ -19,7 +19,7 @@ use prism_core::engine::{SimError, SimResult};
 use prism_core::flops;
 use prism_core::graph::{ExecutionGraph, NONE, OpKind, Phase, Stream};
 use prism_core::job::fixtures::{h100_cluster, small_job};
-use prism_core::job::{Activation, Job, RankOrder, Recompute, Schedule};
+use prism_core::job::{Activation, Job, PipelineP2p, RankOrder, Recompute, Schedule};
 use prism_core::layout::GroupKind;
 use prism_core::memory;
 use prism_core::ops::Work;
@@ -1037,7 +1037,126 @@ fn symmetric_jobs() -> Vec<(&'static str, Job)> {
     z.parallel.set_zero_stage(3);
     z.parallel.recompute = Recompute::Full;
     out.push(("4n tp2 pp2 dp8 zero-3 full recompute", z));
+    // The interleaved schedule's blocking and asynchronous pipeline messages (the two
+    // interleaved jobs above wait as Megatron-Core's overlap does).
+    let mut b = small_job(8, 4, 4, 64);
+    b.parallel.schedule = Schedule::Interleaved;
+    b.parallel.vpp = 2;
+    b.parallel.pipeline_p2p = PipelineP2p::Blocking;
+    out.push(("8n tp4 pp4 vpp2 blocking messages", b));
+    let mut a = small_job(4, 4, 2, 32);
+    a.parallel.schedule = Schedule::Interleaved;
+    a.parallel.vpp = 3;
+    a.parallel.pipeline_layout = Some(PipelineLayout::parse("E|ttt|tt|t|tt|L").unwrap());
+    a.parallel.pipeline_p2p = PipelineP2p::Async;
+    out.push(("4n tp4 pp2 layout E|ttt|tt|t|tt|L async messages", a));
     out.into_iter().map(|(n, j)| (n, valid(j))).collect()
+}
+
+/// Truth (Megatron's `schedules.py` and `p2p_communication.py`): how the interleaved
+/// schedule's compute waits for its pipeline messages.
+/// - `SteadyState` (Megatron-Core's `overlap_p2p_comm`): a forward's first kernel waits for the
+///   previous forward's sends, a backward's for the previous backward's; nothing else does.
+/// - `Blocking` (`overlap_p2p_comm = false`, the Megatron-LM of 2021-2023): the first kernel
+///   after each send waits for it, and a steady-state forward's output leaves only after the
+///   backward paired with it (one batched exchange after both).
+/// - `Async`: no kernel waits for a send.
+///
+/// And the cost of waiting is monotone: Async <= SteadyState <= Blocking, strictly here, where
+/// a message takes a measurable time.
+#[test]
+fn interleaved_messages_wait_as_megatron_sends_them() {
+    let mut job = small_job(8, 8, 4, 64);
+    job.parallel.schedule = Schedule::Interleaved;
+    job.parallel.vpp = 2;
+    job.parallel.recompute = Recompute::Selective;
+    let with = |mode: PipelineP2p| {
+        let mut j = job.clone();
+        j.parallel.pipeline_p2p = mode;
+        valid(j)
+    };
+    let forward =
+        |p: &prism_core::graph::Program, op: u32| p.tag[op as usize].phase == Phase::Forward;
+    let is_compute =
+        |p: &prism_core::graph::Program, op: u32| p.stream[op as usize] == Stream::Compute;
+    for mode in [
+        PipelineP2p::SteadyState,
+        PipelineP2p::Blocking,
+        PipelineP2p::Async,
+    ] {
+        let g = ExecutionGraph::build(&with(mode));
+        for (stage, p) in g.programs.iter().enumerate() {
+            let n = p.len() as u32;
+            // Which compute ops wait for which sends.
+            let mut waiters: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+            for op in 0..n {
+                for &d in p.deps_of(op) {
+                    if matches!(p.kind[d as usize], OpKind::Send { .. }) && is_compute(p, op) {
+                        waiters.entry(d).or_default().push(op);
+                    }
+                }
+            }
+            let sends: Vec<u32> = p.stream_ops[Stream::PpSend as usize].clone();
+            assert!(!sends.is_empty(), "stage {stage} sends");
+            for (i, &s) in sends.iter().enumerate() {
+                let got = waiters.get(&s).cloned().unwrap_or_default();
+                let fwd = forward(p, s);
+                // The first compute op after the send in program order that the mode makes
+                // wait: the next of the same direction (SteadyState) or the next at all.
+                let next = (s + 1..n).find(|&o| {
+                    is_compute(p, o)
+                        && match mode {
+                            PipelineP2p::SteadyState => forward(p, o) == fwd,
+                            _ => true,
+                        }
+                });
+                match mode {
+                    PipelineP2p::Async => {
+                        assert!(got.is_empty(), "stage {stage}: async send {i} waited for")
+                    }
+                    _ => match next {
+                        Some(o) => assert_eq!(got, vec![o], "{mode:?} stage {stage} send {i}"),
+                        None => assert!(got.is_empty(), "{mode:?} stage {stage} last send {i}"),
+                    },
+                }
+            }
+            if mode == PipelineP2p::Blocking {
+                // Every forward send issued after a backward kernel waits for that kernel: in
+                // the steady state the forward's output leaves after its paired backward.
+                let paired = sends
+                    .iter()
+                    .filter(|&&s| forward(p, s))
+                    .filter(|&&s| {
+                        p.deps_of(s)
+                            .iter()
+                            .any(|&d| is_compute(p, d) && !forward(p, d))
+                    })
+                    .count();
+                let forwards = sends.iter().filter(|&&s| forward(p, s)).count();
+                let warmup = prism_core::schedules::one_f_one_b_warmup(stage as u32, 4, 2)
+                    .min(job.micro_batches() as u32 * 2);
+                let fwd_sends_in_warmup = forwards.min(warmup as usize);
+                assert!(paired > 0, "stage {stage}: no paired exchange");
+                assert!(
+                    paired <= forwards - fwd_sends_in_warmup + 1,
+                    "stage {stage}: {paired} paired of {forwards}"
+                );
+            }
+        }
+    }
+    let t = |mode| full(&with(mode)).summary.iteration_time_s;
+    let (a, s, b) = (
+        t(PipelineP2p::Async),
+        t(PipelineP2p::SteadyState),
+        t(PipelineP2p::Blocking),
+    );
+    eprintln!(
+        "[interleaved p2p] async {a:.6e} s, steady-state overlap {s:.6e} s, blocking {b:.6e} s"
+    );
+    assert!(
+        a < s && s < b,
+        "async {a} < steady-state {s} < blocking {b}"
+    );
 }
 
 fn assert_breakdowns_close(
@@ -1420,11 +1539,12 @@ proptest! {
     /// slice of the last rank gives that rank's full-run timing. Jobs the check rejects must
     /// be rejected with `Asymmetric`, never mis-simulated.
     #[test]
-    fn prop_reduced_equals_full(job in arb_job(), interleave in any::<bool>(), cuts in prop::collection::vec(0u32..=8, 3)) {
+    fn prop_reduced_equals_full(job in arb_job(), interleave in any::<bool>(), cuts in prop::collection::vec(0u32..=8, 3), p2p in 0usize..3) {
         let mut job = job;
         if interleave && job.parallel.pp >= 2 && job.micro_batches() % job.parallel.pp as u64 == 0 {
             job.parallel.schedule = Schedule::Interleaved;
             job.parallel.vpp = 2;
+            job.parallel.pipeline_p2p = [PipelineP2p::SteadyState, PipelineP2p::Blocking, PipelineP2p::Async][p2p];
             // Half the time, an uneven layout of the 8 layers over the pp x 2 virtual stages
             // (empty stages allowed), cut at the sorted points `cuts`.
             if cuts[0] % 2 == 0 {

@@ -25,7 +25,7 @@ use prism_core::job::{
     RankOrder, Recompute, Schedule, Stack, Topology, Training,
 };
 use prism_core::job::{
-    ActivationCache, MemorySaving, MoeDispatcher, OptimizerStateDtype, Zero3Sync,
+    ActivationCache, MemorySaving, MoeDispatcher, OptimizerStateDtype, PipelineP2p, Zero3Sync,
 };
 use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
@@ -346,6 +346,12 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("grad_reduce_in_bf16", Ty::Bool),
     fld("gradient_accumulation_fusion", Ty::Bool),
     fld("pp_scatter_gather", Ty::Bool),
+    alias("overlap_p2p_comm", Ty::Bool, &["overlap_p2p_communication"]),
+    alias(
+        "overlap_p2p_comm_warmup_flush",
+        Ty::Bool,
+        &["overlap_p2p_communication_warmup_flush"],
+    ),
     fld("reshard_after_forward", Ty::Bool),
     fld("zero3_grad_sync", Ty::Str),
     fld("pipeline_rounds", Ty::U32),
@@ -2821,6 +2827,33 @@ fn build_parallel(
         "the rest of the GPU computes",
     )?;
     let deallocate_stage_input = g.bool("deallocate_stage_input")?.unwrap_or(false);
+    let pipeline_p2p = match (
+        g.bool("overlap_p2p_comm")?,
+        g.bool("overlap_p2p_comm_warmup_flush")?,
+    ) {
+        (Some(false), Some(true)) => {
+            return Err(g.ctx.error(
+                Some("parallel.overlap_p2p_comm_warmup_flush"),
+                "overlaps the warm-up and flush sends of an overlapped schedule; it needs \
+                 parallel.overlap_p2p_comm = true (as Megatron requires)",
+            ));
+        }
+        (Some(false), _) => PipelineP2p::Blocking,
+        (_, Some(true)) if sd.pipeline_p2p == PipelineP2p::Blocking => {
+            return Err(g.ctx.error(
+                Some("parallel.overlap_p2p_comm_warmup_flush"),
+                format!(
+                    "the {} stack sends its pipeline messages blocking; set \
+                     parallel.overlap_p2p_comm = true as well to overlap them",
+                    stack.name()
+                ),
+            ));
+        }
+        (_, Some(true)) => PipelineP2p::Async,
+        (Some(true), _) => PipelineP2p::SteadyState,
+        (None, Some(false)) if sd.pipeline_p2p == PipelineP2p::Async => PipelineP2p::SteadyState,
+        (None, _) => sd.pipeline_p2p,
+    };
     let orders = [
         ("tp-cp-ep-dp-pp", RankOrder::TpCpEpDpPp),
         ("tp-cp-ep-pp-dp", RankOrder::TpCpEpPpDp),
@@ -2888,6 +2921,7 @@ fn build_parallel(
             .unwrap_or(stack.zero3_grad_sync(pp)),
         pipeline_rounds: g.u32("pipeline_rounds")?.unwrap_or(1),
         fp8_param_gather: g.bool("fp8_param_gather")?.unwrap_or(false),
+        pipeline_p2p,
         moe_dispatcher: g
             .choice(
                 "moe_dispatcher",

@@ -63,7 +63,8 @@ pub fn rank_json(r: &RankTiming, layout: &Layout) -> Value {
 /// `ranks_simulated` and `parallel` (the job's `tp`, `pp`, `cp`, `ep`, `dp`, `vpp`,
 /// `micro_batch`, `schedule`, `recompute`, `sequence_parallel`, `distributed_optimizer`,
 /// `zero_stage`, `order`, `stack`, `global_batch`, `precision`; with ZeRO-3 also
-/// `reshard_after_forward` and `zero3_grad_sync`). `ranks` (per-rank timings) is present when at most
+/// `reshard_after_forward` and `zero3_grad_sync`; with the interleaved schedule also
+/// `overlap_p2p_comm` and `overlap_p2p_comm_warmup_flush`). `ranks` (per-rank timings) is present when at most
 /// [`MAX_LISTED_RANKS`] ranks were simulated.
 pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     let s = &result.summary;
@@ -135,6 +136,13 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     }
     if p.moe_dispatcher == prism_core::job::MoeDispatcher::DeepEp {
         v["parallel"]["moe_dispatcher"] = json!("deepep");
+    }
+    // How the interleaved schedule's pipeline messages overlap, in Megatron's two flags.
+    if p.schedule == prism_core::job::Schedule::Interleaved {
+        use prism_core::job::PipelineP2p;
+        v["parallel"]["overlap_p2p_comm"] = json!(p.pipeline_p2p != PipelineP2p::Blocking);
+        v["parallel"]["overlap_p2p_comm_warmup_flush"] =
+            json!(p.pipeline_p2p == PipelineP2p::Async);
     }
     // ZeRO-3's gather and reduce rhythm, listed for ZeRO-3 jobs only.
     if p.shards_params() {

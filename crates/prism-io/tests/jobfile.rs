@@ -2631,3 +2631,81 @@ fn torchtitan_layers_per_stage_splits_as_torchtitan_does() {
         ],
     );
 }
+
+/// Megatron's pipeline-message settings: `overlap_p2p_comm` (alias
+/// `overlap_p2p_communication`) and `overlap_p2p_comm_warmup_flush`, with each stack's own
+/// behaviour as the default and Megatron's rule that the warm-up overlap needs the overlap.
+#[test]
+fn pipeline_message_overlap_keys_follow_megatron() {
+    use prism_core::job::PipelineP2p;
+    let base = [
+        "parallel.pp=4",
+        "parallel.tp=2",
+        "parallel.vpp=2",
+        "parallel.dp=",
+    ];
+    let with = |extra: &[&'static str]| {
+        let mut v: Vec<&str> = base.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    let p2p = |extra: &[&'static str]| ok(SMALL, &with(extra)).job.parallel.pipeline_p2p;
+    // Each stack's default.
+    assert_eq!(p2p(&[]), PipelineP2p::SteadyState);
+    assert_eq!(
+        p2p(&["training.stack=megatron-lm-2021"]),
+        PipelineP2p::Blocking
+    );
+    assert_eq!(p2p(&["training.stack=torchtitan"]), PipelineP2p::Async);
+    // The keys, Megatron's names and the alias.
+    assert_eq!(
+        p2p(&["parallel.overlap_p2p_comm=false"]),
+        PipelineP2p::Blocking
+    );
+    assert_eq!(
+        p2p(&["parallel.overlap_p2p_communication=false"]),
+        PipelineP2p::Blocking
+    );
+    assert_eq!(
+        p2p(&["parallel.overlap_p2p_comm_warmup_flush=true"]),
+        PipelineP2p::Async
+    );
+    assert_eq!(
+        p2p(&[
+            "training.stack=megatron-lm-2021",
+            "parallel.overlap_p2p_comm=true"
+        ]),
+        PipelineP2p::SteadyState
+    );
+    assert_eq!(
+        p2p(&[
+            "training.stack=torchtitan",
+            "parallel.overlap_p2p_comm_warmup_flush=false"
+        ]),
+        PipelineP2p::SteadyState
+    );
+    fails(
+        SMALL,
+        &with(&[
+            "parallel.overlap_p2p_comm=false",
+            "parallel.overlap_p2p_comm_warmup_flush=true",
+        ]),
+        "parallel.overlap_p2p_comm_warmup_flush",
+        &["needs parallel.overlap_p2p_comm = true"],
+    );
+    fails(
+        SMALL,
+        &with(&[
+            "training.stack=megatron-lm-2021",
+            "parallel.overlap_p2p_comm_warmup_flush=true",
+        ]),
+        "parallel.overlap_p2p_comm_warmup_flush",
+        &["megatron-lm-2021 stack sends its pipeline messages blocking"],
+    );
+    fails(
+        SMALL,
+        &with(&["parallel.overlap_p2p_comm=2"]),
+        "parallel.overlap_p2p_comm",
+        &[],
+    );
+}
