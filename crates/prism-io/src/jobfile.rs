@@ -347,6 +347,7 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("gradient_accumulation_fusion", Ty::Bool),
     fld("pp_scatter_gather", Ty::Bool),
     alias("overlap_p2p_comm", Ty::Bool, &["overlap_p2p_communication"]),
+    fld("batch_p2p_comm", Ty::Bool),
     alias(
         "overlap_p2p_comm_warmup_flush",
         Ty::Bool,
@@ -2827,10 +2828,21 @@ fn build_parallel(
         "the rest of the GPU computes",
     )?;
     let deallocate_stage_input = g.bool("deallocate_stage_input")?.unwrap_or(false);
-    let pipeline_p2p = match (
-        g.bool("overlap_p2p_comm")?,
-        g.bool("overlap_p2p_comm_warmup_flush")?,
-    ) {
+    // NeMo's configs give Megatron's `batch_p2p_comm` beside `overlap_p2p_comm`: batched
+    // exchanges are the blocking ones, and Megatron refuses both at once.
+    let overlap_p2p = match (g.bool("overlap_p2p_comm")?, g.bool("batch_p2p_comm")?) {
+        (Some(true), Some(true)) => {
+            return Err(g.ctx.error(
+                Some("parallel.batch_p2p_comm"),
+                "batched (blocking) pipeline exchanges cannot be combined with \
+                 parallel.overlap_p2p_comm = true (Megatron: \"Can not use both \
+                 overlap_p2p_comm and batch_p2p_comm\")",
+            ));
+        }
+        (None, Some(true)) => Some(false),
+        (o, _) => o,
+    };
+    let pipeline_p2p = match (overlap_p2p, g.bool("overlap_p2p_comm_warmup_flush")?) {
         (Some(false), Some(true)) => {
             return Err(g.ctx.error(
                 Some("parallel.overlap_p2p_comm_warmup_flush"),

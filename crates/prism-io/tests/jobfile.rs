@@ -2702,6 +2702,27 @@ fn pipeline_message_overlap_keys_follow_megatron() {
         "parallel.overlap_p2p_comm_warmup_flush",
         &["megatron-lm-2021 stack sends its pipeline messages blocking"],
     );
+    // NeMo's pair of keys, as its interleaved recipes and its non-interleaved ones give them.
+    assert_eq!(
+        p2p(&[
+            "parallel.overlap_p2p_comm=true",
+            "parallel.batch_p2p_comm=false"
+        ]),
+        PipelineP2p::SteadyState
+    );
+    assert_eq!(
+        p2p(&["parallel.batch_p2p_comm=true"]),
+        PipelineP2p::Blocking
+    );
+    fails(
+        SMALL,
+        &with(&[
+            "parallel.overlap_p2p_comm=true",
+            "parallel.batch_p2p_comm=true",
+        ]),
+        "parallel.batch_p2p_comm",
+        &["cannot be combined with parallel.overlap_p2p_comm = true"],
+    );
     fails(
         SMALL,
         &with(&["parallel.overlap_p2p_comm=2"]),
