@@ -674,6 +674,10 @@ impl<'a> StageBuilder<'a> {
                 }
             } else {
                 let steps = schedule(par.schedule, self.stage, par.pp, mr, par.vpp);
+                // With every forward in the warm-up (Megatron's `all_warmup_microbatches`) no
+                // step pairs a forward with a backward: the last forward sends at once.
+                let steady = crate::schedules::one_f_one_b_warmup(self.stage, par.pp, par.vpp)
+                    < mr * par.vpp;
                 let mut i = 0;
                 while i < steps.len() {
                     let step = steps[i];
@@ -682,7 +686,7 @@ impl<'a> StageBuilder<'a> {
                         match pair {
                             // Megatron's blocking interleaved steady state: one exchange
                             // after the forward and the backward.
-                            Some(b) if self.interleaved_blocking() => {
+                            Some(b) if steady && self.interleaved_blocking() => {
                                 self.held_sends = Some(Vec::new());
                                 self.forward_step(step.micro_batch + off, step.chunk, m);
                                 self.backward_step(b.micro_batch + off, b.chunk, m);

@@ -1144,6 +1144,36 @@ fn interleaved_messages_wait_as_megatron_sends_them() {
             }
         }
     }
+    // Four micro-batches over pp 4 x vpp 2: stages 0 and 1 run every forward in the warm-up
+    // (Megatron's `all_warmup_microbatches`), so none of their forward sends waits for a
+    // backward; stages 2 and 3 (warm-up 6 and 4 of 8) still pair.
+    let mut short = small_job(8, 8, 4, 8);
+    short.parallel.schedule = Schedule::Interleaved;
+    short.parallel.vpp = 2;
+    short.parallel.pipeline_p2p = PipelineP2p::Blocking;
+    let short = valid(short);
+    assert_eq!(short.micro_batches(), 4);
+    let g = ExecutionGraph::build(&short);
+    for (stage, p) in g.programs.iter().enumerate() {
+        let paired = p.stream_ops[Stream::PpSend as usize]
+            .iter()
+            .filter(|&&s| forward(p, s))
+            .filter(|&&s| {
+                p.deps_of(s)
+                    .iter()
+                    .any(|&d| is_compute(p, d) && !forward(p, d))
+            })
+            .count();
+        let all_warmup = prism_core::schedules::one_f_one_b_warmup(stage as u32, 4, 2) >= 8;
+        // Stage 2 pairs its last two forwards (chunk 1, sent on to stage 3); stage 3's paired
+        // forwards are its loss chunk's, which send nothing.
+        match stage {
+            0 | 1 => assert!(all_warmup && paired == 0, "stage {stage}: {paired} paired"),
+            2 => assert!(!all_warmup && paired == 2, "stage {stage}: {paired} paired"),
+            _ => assert!(!all_warmup && paired == 0, "stage {stage}: {paired} paired"),
+        }
+    }
+    full(&short);
     let t = |mode| full(&with(mode)).summary.iteration_time_s;
     let (a, s, b) = (
         t(PipelineP2p::Async),
