@@ -1079,6 +1079,13 @@ fn interleaved_messages_wait_as_megatron_sends_them() {
         |p: &prism_core::graph::Program, op: u32| p.tag[op as usize].phase == Phase::Forward;
     let is_compute =
         |p: &prism_core::graph::Program, op: u32| p.stream[op as usize] == Stream::Compute;
+    // Forward sends that wait for a backward kernel: a blocking steady-state pair's.
+    let paired_forward_sends = |p: &prism_core::graph::Program| {
+        (p.stream_ops[Stream::PpSend as usize].iter())
+            .filter(|&&s| forward(p, s))
+            .filter(|&&s| (p.deps_of(s).iter()).any(|&d| is_compute(p, d) && !forward(p, d)))
+            .count()
+    };
     for mode in [
         PipelineP2p::SteadyState,
         PipelineP2p::Blocking,
@@ -1123,15 +1130,7 @@ fn interleaved_messages_wait_as_megatron_sends_them() {
             if mode == PipelineP2p::Blocking {
                 // Every forward send issued after a backward kernel waits for that kernel: in
                 // the steady state the forward's output leaves after its paired backward.
-                let paired = sends
-                    .iter()
-                    .filter(|&&s| forward(p, s))
-                    .filter(|&&s| {
-                        p.deps_of(s)
-                            .iter()
-                            .any(|&d| is_compute(p, d) && !forward(p, d))
-                    })
-                    .count();
+                let paired = paired_forward_sends(p);
                 let forwards = sends.iter().filter(|&&s| forward(p, s)).count();
                 let warmup = prism_core::schedules::one_f_one_b_warmup(stage as u32, 4, 2)
                     .min(job.micro_batches() as u32 * 2);
@@ -1155,15 +1154,7 @@ fn interleaved_messages_wait_as_megatron_sends_them() {
     assert_eq!(short.micro_batches(), 4);
     let g = ExecutionGraph::build(&short);
     for (stage, p) in g.programs.iter().enumerate() {
-        let paired = p.stream_ops[Stream::PpSend as usize]
-            .iter()
-            .filter(|&&s| forward(p, s))
-            .filter(|&&s| {
-                p.deps_of(s)
-                    .iter()
-                    .any(|&d| is_compute(p, d) && !forward(p, d))
-            })
-            .count();
+        let paired = paired_forward_sends(p);
         let all_warmup = prism_core::schedules::one_f_one_b_warmup(stage as u32, 4, 2) >= 8;
         // Stage 2 pairs its last two forwards (chunk 1, sent on to stage 3); stage 3's paired
         // forwards are its loss chunk's, which send nothing.
