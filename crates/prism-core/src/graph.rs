@@ -673,32 +673,28 @@ impl<'a> StageBuilder<'a> {
                     self.pipe_step(st.shifted(off), m);
                 }
             } else {
-                let steps = schedule(par.schedule, self.stage, par.pp, mr, par.vpp);
-                // With every forward in the warm-up (Megatron's `all_warmup_microbatches`) no
-                // step pairs a forward with a backward: the last forward sends at once.
-                let steady = crate::schedules::one_f_one_b_warmup(self.stage, par.pp, par.vpp)
-                    < mr * par.vpp;
-                let mut i = 0;
-                while i < steps.len() {
-                    let step = steps[i];
-                    if step.forward {
-                        let pair = steps.get(i + 1).filter(|b| !b.forward);
-                        match pair {
-                            // Megatron's blocking interleaved steady state: one exchange
-                            // after the forward and the backward.
-                            Some(b) if steady && self.interleaved_blocking() => {
-                                self.held_sends = Some(Vec::new());
-                                self.forward_step(step.micro_batch + off, step.chunk, m);
-                                self.backward_step(b.micro_batch + off, b.chunk, m);
-                                self.release_held_sends();
-                                i += 1;
-                            }
-                            _ => self.forward_step(step.micro_batch + off, step.chunk, m),
-                        }
-                    } else {
+                // Megatron's blocking interleaved steady state exchanges once after each
+                // forward and its paired backward. With every forward in the warm-up
+                // (Megatron's `all_warmup_microbatches`) nothing pairs: each forward sends at
+                // once.
+                let pairs = par.schedule == Schedule::Interleaved
+                    && par.pipeline_p2p == PipelineP2p::Blocking
+                    && crate::schedules::one_f_one_b_warmup(self.stage, par.pp, par.vpp)
+                        < mr * par.vpp;
+                let mut steps = schedule(par.schedule, self.stage, par.pp, mr, par.vpp)
+                    .into_iter()
+                    .peekable();
+                while let Some(step) = steps.next() {
+                    if !step.forward {
                         self.backward_step(step.micro_batch + off, step.chunk, m);
+                    } else if let Some(b) = steps.next_if(|b| pairs && !b.forward) {
+                        self.held_sends = Some(Vec::new());
+                        self.forward_step(step.micro_batch + off, step.chunk, m);
+                        self.backward_step(b.micro_batch + off, b.chunk, m);
+                        self.release_held_sends();
+                    } else {
+                        self.forward_step(step.micro_batch + off, step.chunk, m);
                     }
-                    i += 1;
                 }
             }
         }
@@ -746,19 +742,16 @@ impl<'a> StageBuilder<'a> {
         self.send_after = None;
     }
 
-    /// The interleaved schedule's messages with [`PipelineP2p::Blocking`]: every step waits
-    /// for the previous step's, and a steady-state forward's output leaves with its
-    /// backward's gradient after both.
-    fn interleaved_blocking(&self) -> bool {
-        self.job.parallel.schedule == Schedule::Interleaved
-            && self.job.parallel.pipeline_p2p == PipelineP2p::Blocking
-    }
-
-    /// The interleaved schedule with [`PipelineP2p::SteadyState`]: each forward waits for
-    /// the previous forward's sends, each backward for the previous backward's.
-    fn interleaved_steady_overlap(&self) -> bool {
-        self.job.parallel.schedule == Schedule::Interleaved
-            && self.job.parallel.pipeline_p2p == PipelineP2p::SteadyState
+    /// How the computation waits for this job's pipeline sends: plain 1F1B and GPipe block
+    /// (Megatron turns the overlap off without interleaving), the interleaved schedule as
+    /// `parallel.pipeline_p2p` says, and the overlapping schedules (DualPipe, 1F1B with EP
+    /// overlap) hold their sends back themselves and never wait for them.
+    fn message_waits(&self) -> PipelineP2p {
+        match self.job.parallel.schedule {
+            Schedule::OneFOneB | Schedule::GPipe => PipelineP2p::Blocking,
+            Schedule::Interleaved => self.job.parallel.pipeline_p2p,
+            Schedule::DualPipe | Schedule::OneFOneBOverlap => PipelineP2p::Async,
+        }
     }
 
     /// Overlaps the ops `start..mid` (a forward chunk) with `mid..` (a backward chunk, built
@@ -856,7 +849,7 @@ impl<'a> StageBuilder<'a> {
         id
     }
 
-    /// With plain 1F1B, Megatron's P2P is blocking: the next kernel waits for the last send.
+    /// `deps` and the sends the next kernel must wait for (`blocking`), which it takes.
     fn with_blocking(&mut self, deps: &[u32]) -> Vec<u32> {
         let mut v = deps.to_vec();
         v.append(&mut self.blocking);
@@ -1228,21 +1221,13 @@ impl<'a> StageBuilder<'a> {
                 .collect::<Vec<_>>(),
         );
         self.sends.push((op, target, tag));
-        // Plain 1F1B and GPipe block on their sends (Megatron's P2P), and so does the
-        // interleaved schedule without overlap; with Megatron-Core's overlap the next step of
-        // the same direction waits for them; the overlapping schedules send asynchronously.
-        if matches!(
-            self.job.parallel.schedule,
-            Schedule::OneFOneB | Schedule::GPipe
-        ) || self.interleaved_blocking()
-        {
-            self.blocking.push(op);
-        } else if self.interleaved_steady_overlap() {
-            if tag.backward {
-                self.backward_sends.push(op);
-            } else {
-                self.forward_sends.push(op);
-            }
+        // Blocking: the next kernel waits for it; Megatron-Core's overlap: the next step of
+        // the same direction does.
+        match self.message_waits() {
+            PipelineP2p::Blocking => self.blocking.push(op),
+            PipelineP2p::SteadyState if tag.backward => self.backward_sends.push(op),
+            PipelineP2p::SteadyState => self.forward_sends.push(op),
+            PipelineP2p::Async => {}
         }
     }
 
