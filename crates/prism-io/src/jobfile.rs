@@ -2851,7 +2851,7 @@ fn build_parallel(
             ));
         }
         (Some(false), _) => PipelineP2p::Blocking,
-        (_, Some(true)) if sd.pipeline_p2p == PipelineP2p::Blocking => {
+        (None, Some(true)) if sd.pipeline_p2p == PipelineP2p::Blocking => {
             return Err(g.ctx.error(
                 Some("parallel.overlap_p2p_comm_warmup_flush"),
                 format!(

@@ -2677,6 +2677,15 @@ fn pipeline_message_overlap_keys_follow_megatron() {
         ]),
         PipelineP2p::SteadyState
     );
+    // On a blocking stack, both keys together overlap everything, as the error below advises.
+    assert_eq!(
+        p2p(&[
+            "training.stack=megatron-lm-2021",
+            "parallel.overlap_p2p_comm=true",
+            "parallel.overlap_p2p_comm_warmup_flush=true"
+        ]),
+        PipelineP2p::Async
+    );
     assert_eq!(
         p2p(&[
             "training.stack=torchtitan",
