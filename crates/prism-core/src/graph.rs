@@ -2835,11 +2835,41 @@ impl<'a> StageBuilder<'a> {
         let mut out = Vec::new();
         let mut cur = Bucket::default();
         let n = items.len();
+        if par.dp_buckets_every_stage {
+            for (i, (item, dense, expert)) in items.into_iter().enumerate() {
+                cur.items.push(item);
+                cur.dense += dense;
+                cur.expert += expert;
+                if cur.dense + cur.expert >= bucket_params || i == n - 1 {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            return out;
+        }
+        // Megatron-Core: one data-parallel module per model chunk, so no bucket spans two
+        // chunks; only the first stage's first chunk is split into buckets.
+        let last_chunk = self.chunk_layers.len().saturating_sub(1);
+        let chunk_of = |item: &Item| match *item {
+            Item::LmHead => last_chunk,
+            Item::Embedding => 0,
+            Item::Layer(l) => self
+                .chunk_layers
+                .iter()
+                .position(|r| r.contains(&l))
+                .unwrap_or(last_chunk),
+        };
+        let mut cur_chunk = None;
         for (i, (item, dense, expert)) in items.into_iter().enumerate() {
+            let chunk = chunk_of(&item);
+            if cur_chunk.is_some_and(|c| c != chunk) && !cur.items.is_empty() {
+                out.push(std::mem::take(&mut cur));
+            }
+            cur_chunk = Some(chunk);
             cur.items.push(item);
             cur.dense += dense;
             cur.expert += expert;
-            if cur.dense + cur.expert >= bucket_params || i == n - 1 {
+            let split = self.stage == 0 && chunk == 0;
+            if split && cur.dense + cur.expert >= bucket_params || i == n - 1 {
                 out.push(std::mem::take(&mut cur));
             }
         }

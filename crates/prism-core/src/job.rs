@@ -410,6 +410,12 @@ pub struct Parallel {
     /// Gradient bucket size for the data-parallel reduction, in millions of parameters
     /// (Megatron-Core's default bucket is 40 M parameters).
     pub dp_bucket_mparams: f64,
+    /// Split the gradients of every model chunk of every pipeline stage into buckets of
+    /// `dp_bucket_mparams`. `false` is Megatron-Core's rule: only the first stage's first chunk
+    /// is split; every other chunk reduces (and gathers) its parameters as one bucket, once
+    /// backward has finished all of them (`DistributedDataParallel`: `bucket_size = None` when
+    /// `pp_rank > 0` or for model chunks after the first, September 2023 on).
+    pub dp_buckets_every_stage: bool,
     /// Reduce each gradient bucket as soon as backward has finished it, overlapping the rest of
     /// backward (Megatron `--overlap-grad-reduce`). `false`: one reduction after backward.
     pub overlap_grad_reduce: bool,
@@ -815,6 +821,9 @@ pub struct StackDefaults {
     pub fp8_weight_cache: bool,
     /// How the interleaved schedule's pipeline messages overlap the computation.
     pub pipeline_p2p: PipelineP2p,
+    /// Gradient buckets on every chunk of every pipeline stage
+    /// ([`Parallel::dp_buckets_every_stage`]); `false` for Megatron-Core.
+    pub dp_buckets_every_stage: bool,
 }
 
 impl Stack {
@@ -927,6 +936,7 @@ impl Stack {
             pp_scatter_gather: true,
             fp8_weight_cache: true,
             pipeline_p2p: PipelineP2p::SteadyState,
+            dp_buckets_every_stage: false,
         };
         match self {
             Stack::MegatronCore => core,
@@ -943,6 +953,7 @@ impl Stack {
                 // `p2p_communication._communicate` waits for every batched send and receive,
                 // then `torch.cuda.synchronize()` (Megatron-LM until October 2023).
                 pipeline_p2p: PipelineP2p::Blocking,
+                dp_buckets_every_stage: true,
                 ..core
             },
             Stack::DeepSpeed => StackDefaults {
@@ -956,6 +967,7 @@ impl Stack {
                 pp_scatter_gather: false,
                 fp8_weight_cache: false,
                 pipeline_p2p: PipelineP2p::Blocking,
+                dp_buckets_every_stage: true,
             },
             Stack::TorchTitan => StackDefaults {
                 zero_stage: 3,
@@ -965,6 +977,7 @@ impl Stack {
                 // torch.distributed.pipelining's schedules are priced with asynchronous sends
                 // (their receives still gate the chunk that needs them).
                 pipeline_p2p: PipelineP2p::Async,
+                dp_buckets_every_stage: true,
                 ..core
             },
         }
@@ -1992,6 +2005,7 @@ pub mod fixtures {
                 pipeline_layout: None,
                 deallocate_stage_input: false,
                 dp_bucket_mparams: 40.0,
+                dp_buckets_every_stage: false,
                 overlap_grad_reduce: true,
                 overlap_param_gather: true,
                 tp_comm_overlap: false,

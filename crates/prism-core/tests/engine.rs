@@ -1912,6 +1912,85 @@ fn zero3_traffic_and_time_follow_the_closed_forms() {
     }
 }
 
+/// Truth (Megatron-Core `DistributedDataParallel` from September 2023, and `get_model` in
+/// `megatron/training/training.py`): one data-parallel module per model chunk, and only the
+/// first pipeline stage's first chunk splits its gradients into buckets of `bucket_size`
+/// parameters; every later chunk and every later stage reduces its chunk as one bucket. On pp 2
+/// x vpp 2 with two layers per chunk and buckets of one item: stage 0 reduces layers 1 and 0
+/// and the embedding one by one plus its second chunk at once (4), stage 1 each chunk at once
+/// (2); split everywhere, each stage reduces its 4 layers and its embedding or LM head one by
+/// one (5). The bytes each stage reduces are the same, and a chunk's single reduction waits
+/// for the last gradient of the chunk.
+#[test]
+fn megatron_core_buckets_only_the_first_stage_first_chunk() {
+    let mut job = small_job(2, 2, 2, 64);
+    job.model.layers = 8;
+    job.parallel.schedule = Schedule::Interleaved;
+    job.parallel.vpp = 2;
+    job.parallel.dp_bucket_mparams = 1e-6;
+    let reductions = |job: &Job| -> Vec<Vec<u64>> {
+        let g = ExecutionGraph::build(&valid(job.clone()));
+        g.programs
+            .iter()
+            .map(|prog| {
+                prog.kind
+                    .iter()
+                    .filter_map(|k| match *k {
+                        OpKind::Collective {
+                            group: GroupKind::Dp,
+                            op: Collective::ReduceScatter,
+                            bytes,
+                        } => Some(bytes),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    assert!(
+        !job.parallel.dp_buckets_every_stage,
+        "Megatron-Core's rule by default"
+    );
+    let core = reductions(&job);
+    let mut every = job.clone();
+    every.parallel.dp_buckets_every_stage = true;
+    let split = reductions(&every);
+    let counts = |r: &[Vec<u64>]| r.iter().map(Vec::len).collect::<Vec<_>>();
+    assert_eq!(counts(&core), [4, 2]);
+    assert_eq!(counts(&split), [5, 5]);
+    for (a, b) in core.iter().zip(&split) {
+        assert_eq!(a.iter().sum::<u64>(), b.iter().sum::<u64>());
+    }
+    // Stage 1's first reduction (its second chunk, layers 6-7 and the LM head) comes after
+    // the backward of both its layers: as late in the program as the split run's third.
+    let g = ExecutionGraph::build(&valid(job.clone()));
+    let gs = ExecutionGraph::build(&valid(every));
+    let nth_rs = |g: &ExecutionGraph, n: usize| {
+        let prog = &g.programs[1];
+        let first = (0..prog.len())
+            .filter(|&o| {
+                matches!(
+                    prog.kind[o],
+                    OpKind::Collective {
+                        group: GroupKind::Dp,
+                        op: Collective::ReduceScatter,
+                        ..
+                    }
+                )
+            })
+            .nth(n)
+            .expect("a reduce-scatter");
+        // Compute ops of the program before it.
+        (0..first)
+            .filter(|&o| matches!(prog.kind[o], OpKind::Compute(_)))
+            .count()
+    };
+    assert!(
+        nth_rs(&g, 0) >= nth_rs(&gs, 2),
+        "stage 1's chunk reduced before its last layer's backward"
+    );
+}
+
 /// Truth (ZeRO-2, Rajbhandari et al. 2020; DeepSpeed issue #2252): a rank keeps only its
 /// shard of the accumulated gradients, so every micro-batch reduce-scatters each layer's
 /// gradients after its backward (`m x layers` reduce-scatters of the layer's FP32 gradients,

@@ -335,6 +335,7 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("account_for_loss_in_pipeline_split", Ty::Bool),
     fld("deallocate_stage_input", Ty::Bool),
     fld("dp_bucket_mparams", Ty::F64),
+    fld("dp_buckets_every_stage", Ty::Bool),
     fld("overlap_grad_reduce", Ty::Bool),
     fld("overlap_param_gather", Ty::Bool),
     fld("tp_comm_overlap", Ty::Bool),
@@ -2812,7 +2813,16 @@ fn build_parallel(
             }
         }
     };
-    let dp_bucket_mparams = g.f64("dp_bucket_mparams")?.unwrap_or(40.0);
+    // Megatron-Core sizes its buckets by the data-parallel group when the job does not:
+    // `max(40 M, 1 M x dp)` parameters (`DistributedDataParallel`, April 2024 on), "so that
+    // chunks used in NCCL ring-reduce implementations remain bandwidth-bound".
+    let dp_bucket_mparams = g.f64("dp_bucket_mparams")?.unwrap_or(match stack {
+        Stack::MegatronCore => 40f64.max(dp as f64),
+        _ => 40.0,
+    });
+    let dp_buckets_every_stage = g
+        .bool("dp_buckets_every_stage")?
+        .unwrap_or(sd.dp_buckets_every_stage);
     let overlap_grad_reduce = g
         .bool("overlap_grad_reduce")?
         .unwrap_or(sd.overlap_grad_reduce);
@@ -2912,6 +2922,7 @@ fn build_parallel(
         pipeline_layout,
         deallocate_stage_input,
         dp_bucket_mparams,
+        dp_buckets_every_stage,
         overlap_grad_reduce,
         overlap_param_gather,
         tp_comm_overlap,

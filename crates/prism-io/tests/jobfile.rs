@@ -975,7 +975,11 @@ fn default_job_loads() {
     let published = loaded.published.as_ref().unwrap();
     assert_eq!(published.tflops_per_gpu, Some(400.0));
     assert_eq!(published.mfu, Some(0.41));
-    assert_eq!(p.dp_bucket_mparams, 40.0);
+    // FSDP reduce-scatters each layer's gradients on every stage as backward finishes them;
+    // Megatron-Core's bucket size rule, max(40 M, 1 M x dp), stays below one layer's 403 M
+    // parameters per GPU.
+    assert!(p.dp_buckets_every_stage);
+    assert_eq!(p.dp_bucket_mparams, 128.0);
     let mut expected = vec![7];
     expected.extend([8; 14]);
     expected.push(7);
@@ -1970,7 +1974,44 @@ fn training_stack_sets_defaults() {
         assert_eq!(j.training.fp8_weight_cache, d.fp8_weight_cache);
         assert_eq!(p.reshard_after_forward, stack.reshard_after_forward(p.pp));
         assert_eq!(p.zero3_grad_sync, stack.zero3_grad_sync(p.pp));
+        assert_eq!(p.dp_buckets_every_stage, d.dp_buckets_every_stage);
     }
+    // Gradient buckets: Megatron-Core sizes them `max(40 M, 1 M x dp)` parameters and splits
+    // only the first stage's first chunk (`DistributedDataParallel`); the other stacks keep 40 M
+    // buckets on every stage. An explicit key wins over both.
+    let dp = core.parallel.dp as f64;
+    assert_eq!(core.parallel.dp_bucket_mparams, 40f64.max(dp));
+    assert!(!core.parallel.dp_buckets_every_stage);
+    let wide = get(&[
+        "parallel.dp=96",
+        "cluster.nodes=96",
+        "training.global_batch=192",
+    ]);
+    assert_eq!(wide.parallel.dp, 96);
+    assert_eq!(wide.parallel.dp_bucket_mparams, 96.0);
+    let ds = get(&[
+        "training.stack=deepspeed",
+        "parallel.dp=96",
+        "cluster.nodes=96",
+        "training.global_batch=192",
+    ]);
+    assert_eq!(ds.parallel.dp_bucket_mparams, 40.0);
+    assert!(ds.parallel.dp_buckets_every_stage);
+    let set = get(&[
+        "parallel.dp=96",
+        "cluster.nodes=96",
+        "training.global_batch=192",
+        "parallel.dp_bucket_mparams=25",
+        "parallel.dp_buckets_every_stage=true",
+    ]);
+    assert_eq!(set.parallel.dp_bucket_mparams, 25.0);
+    assert!(set.parallel.dp_buckets_every_stage);
+    fails(
+        SMALL,
+        &["parallel.dp_buckets_every_stage=2"],
+        "parallel.dp_buckets_every_stage",
+        &["bool"],
+    );
     // FSDP under torchtitan: with pipeline parallelism (SMALL has pp = 2) parameters stay
     // gathered over a schedule run and gradients are reduced once per run
     // (torch.distributed.pipelining); without it, resharded after each forward and reduced
