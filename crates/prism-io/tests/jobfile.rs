@@ -1982,30 +1982,26 @@ fn training_stack_sets_defaults() {
     let dp = core.parallel.dp as f64;
     assert_eq!(core.parallel.dp_bucket_mparams, 40f64.max(dp));
     assert!(!core.parallel.dp_buckets_every_stage);
-    let wide = get(&[
-        "parallel.dp=96",
-        "cluster.nodes=96",
-        "training.global_batch=192",
-    ]);
-    assert_eq!(wide.parallel.dp, 96);
-    assert_eq!(wide.parallel.dp_bucket_mparams, 96.0);
-    let ds = get(&[
-        "training.stack=deepspeed",
-        "parallel.dp=96",
-        "cluster.nodes=96",
-        "training.global_batch=192",
-    ]);
-    assert_eq!(ds.parallel.dp_bucket_mparams, 40.0);
-    assert!(ds.parallel.dp_buckets_every_stage);
-    let set = get(&[
-        "parallel.dp=96",
-        "cluster.nodes=96",
-        "training.global_batch=192",
+    let dp96 = |extra: &[&str]| {
+        let mut sets = vec![
+            "parallel.dp=96",
+            "cluster.nodes=96",
+            "training.global_batch=192",
+        ];
+        sets.extend_from_slice(extra);
+        get(&sets).parallel
+    };
+    let wide = dp96(&[]);
+    assert_eq!((wide.dp, wide.dp_bucket_mparams), (96, 96.0));
+    let ds = dp96(&["training.stack=deepspeed"]);
+    assert_eq!(ds.dp_bucket_mparams, 40.0);
+    assert!(ds.dp_buckets_every_stage);
+    let set = dp96(&[
         "parallel.dp_bucket_mparams=25",
         "parallel.dp_buckets_every_stage=true",
     ]);
-    assert_eq!(set.parallel.dp_bucket_mparams, 25.0);
-    assert!(set.parallel.dp_buckets_every_stage);
+    assert_eq!(set.dp_bucket_mparams, 25.0);
+    assert!(set.dp_buckets_every_stage);
     fails(
         SMALL,
         &["parallel.dp_buckets_every_stage=2"],
