@@ -504,6 +504,10 @@ struct StageBuilder<'a> {
     backward_sends: Vec<u32>,
     /// Gradient / parameter buckets of this stage.
     buckets: Vec<Bucket>,
+    /// The last compute op of every backward step, in schedule order, and the index there of
+    /// each chunk's last micro-batch (Megatron-Core's aligned gradient reduction).
+    backward_ends: Vec<u32>,
+    chunk_last_backward: BTreeMap<u32, usize>,
     /// Parameter all-gather each layer's forward waits for (overlapped param gather).
     param_ready: BTreeMap<u32, u32>,
     embedding_param_ready: Option<u32>,
@@ -590,6 +594,8 @@ impl<'a> StageBuilder<'a> {
             forward_sends: Vec::new(),
             backward_sends: Vec::new(),
             buckets: Vec::new(),
+            backward_ends: Vec::new(),
+            chunk_last_backward: BTreeMap::new(),
             param_ready: BTreeMap::new(),
             embedding_param_ready: None,
             lm_head_param_ready: None,
@@ -2339,6 +2345,13 @@ impl<'a> StageBuilder<'a> {
         } else {
             self.send_gradient(mb, chunk, cur);
         }
+        if let Some(&end) = self.prog.stream_ops[Stream::Compute as usize].last() {
+            if last_mb {
+                self.chunk_last_backward
+                    .insert(chunk, self.backward_ends.len());
+            }
+            self.backward_ends.push(end);
+        }
     }
 
     /// The loss and LM head backward of one micro-batch on the last stage; returns the final
@@ -2847,20 +2860,13 @@ impl<'a> StageBuilder<'a> {
             return out;
         }
         // Megatron-Core: one data-parallel module per model chunk, so no bucket spans two
-        // chunks; only the first stage's first chunk is split into buckets.
-        let last_chunk = self.chunk_layers.len().saturating_sub(1);
-        let chunk_of = |item: &Item| match *item {
-            Item::LmHead => last_chunk,
-            Item::Embedding => 0,
-            Item::Layer(l) => self
-                .chunk_layers
-                .iter()
-                .position(|r| r.contains(&l))
-                .unwrap_or(last_chunk),
-        };
+        // chunks; only the first stage's first chunk is split into buckets, and not when the
+        // interleaved schedule reduces each chunk's buckets together once its backward is
+        // done (`aligned_grad_reduce`).
+        let aligned = self.aligned_grad_reduce();
         let mut cur_chunk = None;
         for (i, (item, dense, expert)) in items.into_iter().enumerate() {
-            let chunk = chunk_of(&item);
+            let chunk = self.item_chunk(&item);
             if cur_chunk.is_some_and(|c| c != chunk) && !cur.items.is_empty() {
                 out.push(std::mem::take(&mut cur));
             }
@@ -2868,12 +2874,38 @@ impl<'a> StageBuilder<'a> {
             cur.items.push(item);
             cur.dense += dense;
             cur.expert += expert;
-            let split = self.stage == 0 && chunk == 0;
+            let split = self.stage == 0 && chunk == 0 && !aligned;
             if split && cur.dense + cur.expert >= bucket_params || i == n - 1 {
                 out.push(std::mem::take(&mut cur));
             }
         }
         out
+    }
+
+    /// The local model chunk that holds a bucket item (MTP layers: the last).
+    fn item_chunk(&self, item: &Item) -> usize {
+        let last = self.chunk_layers.len().saturating_sub(1);
+        match *item {
+            Item::LmHead => last,
+            Item::Embedding => 0,
+            Item::Layer(l) => self
+                .chunk_layers
+                .iter()
+                .position(|r| r.contains(&l))
+                .unwrap_or(last),
+        }
+    }
+
+    /// Megatron-Core's interleaved schedule with its default `align_grad_reduce`
+    /// (`delay_grad_reduce` until August 2024): each chunk's gradients are reduced together
+    /// once its last micro-batch's backward is done, `pp_rank` backward steps later still,
+    /// "at the same time across the pipeline-parallel group" (`schedules.py`,
+    /// `backward_step_helper`).
+    fn aligned_grad_reduce(&self) -> bool {
+        let par = &self.job.parallel;
+        !par.dp_buckets_every_stage
+            && par.align_grad_reduce
+            && par.schedule == Schedule::Interleaved
     }
 
     /// Parameters of one transformer layer on this GPU: (dense, expert), after tensor and
@@ -3046,6 +3078,19 @@ impl<'a> StageBuilder<'a> {
                 })
                 .max()
                 .expect("non-empty bucket");
+            let ready = match b.items.first() {
+                Some(item) if self.aligned_grad_reduce() => {
+                    let chunk = self.item_chunk(item) as u32;
+                    self.chunk_last_backward
+                        .get(&chunk)
+                        .and_then(|&k| {
+                            let at = (k + self.stage as usize).min(self.backward_ends.len() - 1);
+                            self.backward_ends.get(at).copied()
+                        })
+                        .map_or(ready, |end| end.max(ready))
+                }
+                _ => ready,
+            };
             let dep = match last_backward {
                 Some(last) if !par.overlap_grad_reduce => last,
                 _ => ready,

@@ -416,6 +416,11 @@ pub struct Parallel {
     /// backward has finished all of them (`DistributedDataParallel`: `bucket_size = None` when
     /// `pp_rank > 0` or for model chunks after the first, September 2023 on).
     pub dp_buckets_every_stage: bool,
+    /// Megatron-Core's `--align-grad-reduce` (`--delay-grad-reduce` until August 2024, on by
+    /// default in both): with the interleaved schedule and Megatron-Core's buckets, each
+    /// chunk's gradients are reduced together after its last backward, and stage `r` launches
+    /// that reduction `r` backward steps later, at the same time across the pipeline.
+    pub align_grad_reduce: bool,
     /// Reduce each gradient bucket as soon as backward has finished it, overlapping the rest of
     /// backward (Megatron `--overlap-grad-reduce`). `false`: one reduction after backward.
     pub overlap_grad_reduce: bool,
@@ -2006,6 +2011,7 @@ pub mod fixtures {
                 deallocate_stage_input: false,
                 dp_bucket_mparams: 40.0,
                 dp_buckets_every_stage: false,
+                align_grad_reduce: true,
                 overlap_grad_reduce: true,
                 overlap_param_gather: true,
                 tp_comm_overlap: false,

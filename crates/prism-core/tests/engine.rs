@@ -1912,83 +1912,83 @@ fn zero3_traffic_and_time_follow_the_closed_forms() {
     }
 }
 
-/// Truth (Megatron-Core `DistributedDataParallel` from September 2023, and `get_model` in
-/// `megatron/training/training.py`): one data-parallel module per model chunk, and only the
-/// first pipeline stage's first chunk splits its gradients into buckets of `bucket_size`
-/// parameters; every later chunk and every later stage reduces its chunk as one bucket. On pp 2
-/// x vpp 2 with two layers per chunk and buckets of one item: stage 0 reduces layers 1 and 0
-/// and the embedding one by one plus its second chunk at once (4), stage 1 each chunk at once
-/// (2); split everywhere, each stage reduces its 4 layers and its embedding or LM head one by
-/// one (5). The bytes each stage reduces are the same, and a chunk's single reduction waits
-/// for the last gradient of the chunk.
+/// Truth (Megatron-Core `DistributedDataParallel` from September 2023, `get_model` in
+/// `megatron/training/training.py` and `backward_step_helper` in `schedules.py`, r0.8.0 to
+/// today): one data-parallel module per model chunk, and only pipeline rank 0's first chunk
+/// splits its gradients into buckets of `bucket_size` parameters; every later stage and chunk
+/// reduces as one bucket. With the interleaved schedule (default `align_grad_reduce`, earlier
+/// `delay_grad_reduce`) even that chunk's buckets go together once its backward is done, and
+/// stage `r` launches each chunk's reduction `r` backward steps after the chunk's last one.
+/// On 8 layers over pp 2 with buckets of one item: plain 1F1B reduces stage 0's four layers
+/// and embedding one by one and stage 1 at once (5, 1); interleaved with vpp 2, each chunk at
+/// once (2, 2); split everywhere, 5 per stage. The bytes each stage reduces are the same.
 #[test]
 fn megatron_core_buckets_only_the_first_stage_first_chunk() {
-    let mut job = small_job(2, 2, 2, 64);
-    job.model.layers = 8;
-    job.parallel.schedule = Schedule::Interleaved;
-    job.parallel.vpp = 2;
-    job.parallel.dp_bucket_mparams = 1e-6;
-    let reductions = |job: &Job| -> Vec<Vec<u64>> {
+    let reductions = |job: &Job| -> Vec<Vec<(u32, Vec<u32>)>> {
         let g = ExecutionGraph::build(&valid(job.clone()));
         g.programs
             .iter()
             .map(|prog| {
-                prog.kind
-                    .iter()
-                    .filter_map(|k| match *k {
+                (0..prog.len() as u32)
+                    .filter_map(|o| match prog.kind[o as usize] {
                         OpKind::Collective {
                             group: GroupKind::Dp,
                             op: Collective::ReduceScatter,
                             bytes,
-                        } => Some(bytes),
+                        } => {
+                            // (bytes, the layers of the ops it waits for)
+                            let layers = prog
+                                .deps_of(o)
+                                .iter()
+                                .map(|&d| prog.tag[d as usize].layer)
+                                .collect();
+                            Some((bytes as u32, layers))
+                        }
                         _ => None,
                     })
                     .collect()
             })
             .collect()
     };
+    let counts = |r: &[Vec<(u32, Vec<u32>)>]| r.iter().map(Vec::len).collect::<Vec<_>>();
+    let bytes = |r: &[Vec<(u32, Vec<u32>)>]| {
+        r.iter()
+            .map(|v| v.iter().map(|&(b, _)| b as u64).sum::<u64>())
+            .collect::<Vec<_>>()
+    };
+    let mut job = small_job(2, 2, 2, 64);
+    job.model.layers = 8;
+    job.parallel.dp_bucket_mparams = 1e-6;
     assert!(
         !job.parallel.dp_buckets_every_stage,
         "Megatron-Core's rule by default"
     );
-    let core = reductions(&job);
-    let mut every = job.clone();
-    every.parallel.dp_buckets_every_stage = true;
-    let split = reductions(&every);
-    let counts = |r: &[Vec<u64>]| r.iter().map(Vec::len).collect::<Vec<_>>();
-    assert_eq!(counts(&core), [4, 2]);
-    assert_eq!(counts(&split), [5, 5]);
-    for (a, b) in core.iter().zip(&split) {
-        assert_eq!(a.iter().sum::<u64>(), b.iter().sum::<u64>());
+    let mut inter = job.clone();
+    inter.parallel.schedule = Schedule::Interleaved;
+    inter.parallel.vpp = 2;
+    for (job, want) in [(&job, [5, 1]), (&inter, [2, 2])] {
+        let core = reductions(job);
+        let mut every = job.clone();
+        every.parallel.dp_buckets_every_stage = true;
+        let split = reductions(&every);
+        assert_eq!(counts(&core), want);
+        assert_eq!(counts(&split), [5, 5]);
+        assert_eq!(bytes(&core), bytes(&split));
     }
-    // Stage 1's first reduction (its second chunk, layers 6-7 and the LM head) comes after
-    // the backward of both its layers: as late in the program as the split run's third.
-    let g = ExecutionGraph::build(&valid(job.clone()));
-    let gs = ExecutionGraph::build(&valid(every));
-    let nth_rs = |g: &ExecutionGraph, n: usize| {
-        let prog = &g.programs[1];
-        let first = (0..prog.len())
-            .filter(|&o| {
-                matches!(
-                    prog.kind[o],
-                    OpKind::Collective {
-                        group: GroupKind::Dp,
-                        op: Collective::ReduceScatter,
-                        ..
-                    }
-                )
-            })
-            .nth(n)
-            .expect("a reduce-scatter");
-        // Compute ops of the program before it.
-        (0..first)
-            .filter(|&o| matches!(prog.kind[o], OpKind::Compute(_)))
-            .count()
-    };
-    assert!(
-        nth_rs(&g, 0) >= nth_rs(&gs, 2),
-        "stage 1's chunk reduced before its last layer's backward"
-    );
+    // Interleaved stage 1 holds layers 2-3 (chunk 0) and 6-7 with the LM head (chunk 1), whose
+    // backward finishes first: its reduction waits one more backward step, of chunk 0, where
+    // split buckets wait only for their own layers.
+    let first_deps = |job: &Job| reductions(job)[1][0].1.clone();
+    assert!(first_deps(&inter).iter().any(|l| (2..4).contains(l)));
+    let mut every = inter.clone();
+    every.parallel.dp_buckets_every_stage = true;
+    assert!(!first_deps(&every).iter().any(|l| (2..4).contains(l)));
+    // `--no-align-grad-reduce`: the first stage's first chunk is split again, and each chunk
+    // is reduced as soon as its own gradients are.
+    let mut unaligned = inter.clone();
+    unaligned.parallel.align_grad_reduce = false;
+    assert_eq!(counts(&reductions(&unaligned)), [4, 2]);
+    assert!(!first_deps(&unaligned).iter().any(|l| (2..4).contains(l)));
 }
 
 /// Truth (ZeRO-2, Rajbhandari et al. 2020; DeepSpeed issue #2252): a rank keeps only its

@@ -2001,6 +2001,9 @@ fn training_stack_sets_defaults() {
         "parallel.dp_buckets_every_stage=true",
     ]);
     assert_eq!(set.dp_bucket_mparams, 25.0);
+    // Megatron's `--align-grad-reduce` (earlier `--delay-grad-reduce`) is on unless turned off.
+    assert!(wide.align_grad_reduce);
+    assert!(!dp96(&["parallel.delay_grad_reduce=false"]).align_grad_reduce);
     assert!(set.dp_buckets_every_stage);
     fails(
         SMALL,
