@@ -2860,10 +2860,9 @@ impl<'a> StageBuilder<'a> {
             return out;
         }
         // Megatron-Core: one data-parallel module per model chunk, so no bucket spans two
-        // chunks; only the first stage's first chunk is split into buckets, and not when the
-        // interleaved schedule reduces each chunk's buckets together once its backward is
-        // done (`aligned_grad_reduce`).
-        let aligned = self.aligned_grad_reduce();
+        // chunks; only the first stage's first chunk is split into buckets. (Its parameters
+        // are gathered bucket by bucket; with the interleaved schedule its gradients are
+        // reduced together once its backward is done: `aligned_grad_reduce`.)
         let mut cur_chunk = None;
         for (i, (item, dense, expert)) in items.into_iter().enumerate() {
             let chunk = self.item_chunk(&item);
@@ -2874,7 +2873,7 @@ impl<'a> StageBuilder<'a> {
             cur.items.push(item);
             cur.dense += dense;
             cur.expert += expert;
-            let split = self.stage == 0 && chunk == 0 && !aligned;
+            let split = self.stage == 0 && chunk == 0;
             if split && cur.dense + cur.expert >= bucket_params || i == n - 1 {
                 out.push(std::mem::take(&mut cur));
             }

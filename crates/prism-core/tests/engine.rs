@@ -1917,11 +1917,12 @@ fn zero3_traffic_and_time_follow_the_closed_forms() {
 /// today): one data-parallel module per model chunk, and only pipeline rank 0's first chunk
 /// splits its gradients into buckets of `bucket_size` parameters; every later stage and chunk
 /// reduces as one bucket. With the interleaved schedule (default `align_grad_reduce`, earlier
-/// `delay_grad_reduce`) even that chunk's buckets go together once its backward is done, and
-/// stage `r` launches each chunk's reduction `r` backward steps after the chunk's last one.
-/// On 8 layers over pp 2 with buckets of one item: plain 1F1B reduces stage 0's four layers
-/// and embedding one by one and stage 1 at once (5, 1); interleaved with vpp 2, each chunk at
-/// once (2, 2); split everywhere, 5 per stage. The bytes each stage reduces are the same.
+/// `delay_grad_reduce`) every chunk's buckets are reduced together once its backward is done,
+/// and stage `r` launches them `r` backward steps after the chunk's last one. On 8 layers over
+/// pp 2 with buckets of one item: plain 1F1B reduces stage 0's four layers and embedding one by
+/// one and stage 1 at once (5, 1); interleaved with vpp 2, stage 0's first chunk (2 layers and
+/// the embedding) in 3 buckets and every other chunk at once (4, 2); split everywhere, 5 per
+/// stage. The bytes each stage reduces are the same.
 #[test]
 fn megatron_core_buckets_only_the_first_stage_first_chunk() {
     let reductions = |job: &Job| -> Vec<Vec<(u32, Vec<u32>)>> {
@@ -1966,7 +1967,7 @@ fn megatron_core_buckets_only_the_first_stage_first_chunk() {
     let mut inter = job.clone();
     inter.parallel.schedule = Schedule::Interleaved;
     inter.parallel.vpp = 2;
-    for (job, want) in [(&job, [5, 1]), (&inter, [2, 2])] {
+    for (job, want) in [(&job, [5, 1]), (&inter, [4, 2])] {
         let core = reductions(job);
         let mut every = job.clone();
         every.parallel.dp_buckets_every_stage = true;
@@ -1983,12 +1984,24 @@ fn megatron_core_buckets_only_the_first_stage_first_chunk() {
     let mut every = inter.clone();
     every.parallel.dp_buckets_every_stage = true;
     assert!(!first_deps(&every).iter().any(|l| (2..4).contains(l)));
-    // `--no-align-grad-reduce`: the first stage's first chunk is split again, and each chunk
-    // is reduced as soon as its own gradients are.
+    // Stage 0 (r = 0) reduces its first chunk's three buckets (layer 1, layer 0, embedding;
+    // after its second chunk's one) together once that chunk's backward is done, i.e. after the
+    // embedding's backward (no layer); unaligned, layer 1's bucket goes as soon as layer 1's
+    // gradients are.
+    let waits_for_embedding = |job: &Job| -> Vec<bool> {
+        reductions(job)[0]
+            .iter()
+            .skip(1)
+            .map(|(_, d)| d.contains(&prism_core::graph::NONE))
+            .collect()
+    };
+    assert_eq!(waits_for_embedding(&inter), [true, true, true]);
+    // `--no-align-grad-reduce`: each chunk is reduced as soon as its own gradients are.
     let mut unaligned = inter.clone();
     unaligned.parallel.align_grad_reduce = false;
     assert_eq!(counts(&reductions(&unaligned)), [4, 2]);
     assert!(!first_deps(&unaligned).iter().any(|l| (2..4).contains(l)));
+    assert!(!waits_for_embedding(&unaligned)[0]);
 }
 
 /// Truth (ZeRO-2, Rajbhandari et al. 2020; DeepSpeed issue #2252): a rank keeps only its
