@@ -2345,7 +2345,10 @@ impl<'a> StageBuilder<'a> {
         } else {
             self.send_gradient(mb, chunk, cur);
         }
-        if let Some(&end) = self.prog.stream_ops[Stream::Compute as usize].last() {
+        let end = self.prog.stream_ops[Stream::Compute as usize]
+            .last()
+            .copied();
+        if let Some(end) = end.filter(|_| self.aligned_grad_reduce()) {
             if last_mb {
                 self.chunk_last_backward
                     .insert(chunk, self.backward_ends.len());
@@ -2848,32 +2851,23 @@ impl<'a> StageBuilder<'a> {
         let mut out = Vec::new();
         let mut cur = Bucket::default();
         let n = items.len();
-        if par.dp_buckets_every_stage {
-            for (i, (item, dense, expert)) in items.into_iter().enumerate() {
-                cur.items.push(item);
-                cur.dense += dense;
-                cur.expert += expert;
-                if cur.dense + cur.expert >= bucket_params || i == n - 1 {
-                    out.push(std::mem::take(&mut cur));
-                }
-            }
-            return out;
-        }
-        // Megatron-Core: one data-parallel module per model chunk, so no bucket spans two
-        // chunks; only the first stage's first chunk is split into buckets. (Its parameters
-        // are gathered bucket by bucket; with the interleaved schedule its gradients are
-        // reduced together once its backward is done: `aligned_grad_reduce`.)
+        // Megatron-Core (`dp_buckets_every_stage = false`): one data-parallel module per model
+        // chunk, so no bucket spans two chunks, and only the first stage's first chunk is split
+        // into buckets. (Its parameters are gathered bucket by bucket; with the interleaved
+        // schedule its gradients are reduced together once its backward is done:
+        // `aligned_grad_reduce`.)
+        let every = par.dp_buckets_every_stage;
         let mut cur_chunk = None;
         for (i, (item, dense, expert)) in items.into_iter().enumerate() {
             let chunk = self.item_chunk(&item);
-            if cur_chunk.is_some_and(|c| c != chunk) && !cur.items.is_empty() {
+            if !every && cur_chunk.is_some_and(|c| c != chunk) && !cur.items.is_empty() {
                 out.push(std::mem::take(&mut cur));
             }
             cur_chunk = Some(chunk);
             cur.items.push(item);
             cur.dense += dense;
             cur.expert += expert;
-            let split = self.stage == 0 && chunk == 0;
+            let split = every || self.stage == 0 && chunk == 0;
             if split && cur.dense + cur.expert >= bucket_params || i == n - 1 {
                 out.push(std::mem::take(&mut cur));
             }
@@ -3077,18 +3071,18 @@ impl<'a> StageBuilder<'a> {
                 })
                 .max()
                 .expect("non-empty bucket");
-            let ready = match b.items.first() {
-                Some(item) if self.aligned_grad_reduce() => {
-                    let chunk = self.item_chunk(item) as u32;
-                    self.chunk_last_backward
-                        .get(&chunk)
-                        .and_then(|&k| {
-                            let at = (k + self.stage as usize).min(self.backward_ends.len() - 1);
-                            self.backward_ends.get(at).copied()
-                        })
-                        .map_or(ready, |end| end.max(ready))
+            // Aligned: the end of the backward step `stage` steps after the chunk's last one
+            // (or the stage's last backward).
+            let aligned = b.items.first().filter(|_| self.aligned_grad_reduce());
+            let ready = match aligned.and_then(|item| {
+                self.chunk_last_backward
+                    .get(&(self.item_chunk(item) as u32))
+            }) {
+                Some(&k) => {
+                    let at = (k + self.stage as usize).min(self.backward_ends.len() - 1);
+                    ready.max(self.backward_ends[at])
                 }
-                _ => ready,
+                None => ready,
             };
             let dep = match last_backward {
                 Some(last) if !par.overlap_grad_reduce => last,

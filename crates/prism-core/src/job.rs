@@ -927,6 +927,17 @@ impl Stack {
         matches!(self, Stack::MegatronCore | Stack::MegatronLm2021)
     }
 
+    /// Gradient bucket size (millions of parameters) unless the job sets one: Megatron-Core
+    /// sizes its buckets by the data-parallel group, `max(40 M, 1 M x dp)` parameters
+    /// (`DistributedDataParallel`, April 2024 on), "so that chunks used in NCCL ring-reduce
+    /// implementations remain bandwidth-bound"; the other stacks 40 M.
+    pub fn dp_bucket_mparams(self, dp: u32) -> f64 {
+        match self {
+            Stack::MegatronCore => 40f64.max(dp as f64),
+            _ => 40.0,
+        }
+    }
+
     /// What the stack does unless the job says otherwise, for BF16 or FP8 training
     /// ([`Stack::defaults_for`] with the precision).
     pub fn defaults(self) -> StackDefaults {

@@ -2814,13 +2814,9 @@ fn build_parallel(
             }
         }
     };
-    // Megatron-Core sizes its buckets by the data-parallel group when the job does not:
-    // `max(40 M, 1 M x dp)` parameters (`DistributedDataParallel`, April 2024 on), "so that
-    // chunks used in NCCL ring-reduce implementations remain bandwidth-bound".
-    let dp_bucket_mparams = g.f64("dp_bucket_mparams")?.unwrap_or(match stack {
-        Stack::MegatronCore => 40f64.max(dp as f64),
-        _ => 40.0,
-    });
+    let dp_bucket_mparams = g
+        .f64("dp_bucket_mparams")?
+        .unwrap_or(stack.dp_bucket_mparams(dp));
     let dp_buckets_every_stage = g
         .bool("dp_buckets_every_stage")?
         .unwrap_or(sd.dp_buckets_every_stage);
