@@ -60,6 +60,9 @@ pub struct SimOptions {
     /// Random variation of this iteration (one Monte Carlo sample); an asymmetric one needs
     /// `Mode::Full`.
     pub perturbation: Option<std::sync::Arc<dyn Perturb>>,
+    /// Every kernel is an event of its own (no fusion of back-to-back kernels): slower, with
+    /// the same result; it exists to check the fusion.
+    pub unfused: bool,
 }
 
 /// The random state of one perturbed iteration (one Monte Carlo sample), as the engine sees it:
@@ -181,6 +184,12 @@ enum Event {
         inst: u32,
         stream: u8,
     },
+    /// The kernel chain of generation `generation` of `inst` ended (a stale generation was
+    /// re-priced and is ignored).
+    ChainDone {
+        inst: u32,
+        generation: u32,
+    },
     CollDone {
         kind: u8,
         id: u32,
@@ -289,6 +298,15 @@ struct Inst {
     last_compute_end: SimTime,
     timing: RankTiming,
     record: Option<usize>,
+    /// The kernels of the chain in flight, (op, start, end), committed when it ends; empty
+    /// when none is.
+    chain: Vec<(u32, SimTime, SimTime)>,
+    /// Generation of the chain in flight (bumped when it is re-priced).
+    chain_gen: u32,
+    /// SMs NCCL held when the chain in flight was priced.
+    chain_extra: u32,
+    /// Queued for re-pricing at the end of this instant.
+    replan: bool,
 }
 
 struct GroupState {
@@ -414,6 +432,7 @@ pub fn simulate_with_graph(
         record_ranks: &opts.record_ranks,
         ideal_network: opts.ideal_network,
         perturbation: opts.perturbation.as_deref(),
+        unfused: opts.unfused,
     };
     let external = vec![Vec::new(); reps.len()];
     let mut sim = Sim::new(
@@ -650,6 +669,7 @@ pub fn simulate_graph<'a>(
         record_ranks: &opts.record_ranks,
         ideal_network: opts.ideal_network,
         perturbation: None,
+        unfused: false,
     };
     let mut sim = Sim::new(
         cluster, graph, durations, cfg, fabric, reps, full, external, hook,
@@ -854,6 +874,7 @@ struct RunCfg<'a> {
     record_ranks: &'a [u32],
     ideal_network: bool,
     perturbation: Option<&'a dyn Perturb>,
+    unfused: bool,
 }
 
 struct Sim<'a> {
@@ -869,6 +890,11 @@ struct Sim<'a> {
     /// Compute ops of external instances started at this instant, whose durations are asked
     /// for once every event of the instant is done: (instance, op).
     pending: Vec<(u32, u32)>,
+    /// Compute ops of simulated instances started at this instant, whose kernel chains are
+    /// priced once every event of the instant is done: (instance, op).
+    starting: Vec<(u32, u32)>,
+    /// Instances whose chain in flight saw the SMs held by NCCL change at this instant.
+    replans: Vec<u32>,
     /// The first error a hook returned.
     hook_error: Option<SimError>,
     full: bool,
@@ -957,8 +983,9 @@ pub const NCCL_P2P_SMS: u32 = 4;
 
 /// Compute kernels that start while NCCL kernels of their GPU are in flight run on the SMs
 /// those leave (Hopper and later, whose NCCL defaults the counts are): each busy communication stream holds its kernel's SMs (a collective from its
-/// arrival to its end, a receive from its posting to its message, a send while it moves), and a
-/// chain of kernels is priced for the SMs held when it starts. Communication that reserves its
+/// arrival to its end, a receive from its posting to its message, a send while it moves), and
+/// each kernel is priced for the SMs held as it starts, once every event of that instant is
+/// done (a fused chain is re-priced from the instant they change). Communication that reserves its
 /// SMs for the whole run (`parallel.comm_sms`: expert all-to-alls; Transformer Engine
 /// userbuffers under `tp_comm_overlap`, priced on the GEMMs they overlap) adds none here.
 struct Contention<'a> {
@@ -1073,6 +1100,10 @@ impl<'a> Sim<'a> {
                     ..RankTiming::default()
                 },
                 record,
+                chain: Vec::new(),
+                chain_gen: 0,
+                chain_extra: 0,
+                replan: false,
             });
             mailbox += p.recv_slots;
             remaining_ops += p.len() as u64;
@@ -1114,6 +1145,8 @@ impl<'a> Sim<'a> {
             external,
             hook,
             pending: Vec::new(),
+            starting: Vec::new(),
+            replans: Vec::new(),
             hook_error: None,
             full,
             durations,
@@ -1167,6 +1200,12 @@ impl<'a> Sim<'a> {
             // Durations of external compute are asked for, and rates recomputed, once per
             // instant, after everything else that happens at it.
             if self.queue.instant_done() {
+                if !self.replans.is_empty() {
+                    self.replan_chains();
+                }
+                if !self.starting.is_empty() {
+                    self.start_chains();
+                }
                 if !self.pending.is_empty() {
                     self.resolve_pending()?;
                 }
@@ -1192,6 +1231,54 @@ impl<'a> Sim<'a> {
             return Err(self.deadlock());
         }
         Ok(())
+    }
+
+    /// Prices the kernel chain of every compute op that started at this instant (in start
+    /// order) and schedules its end, now that every event of the instant is done: a kernel
+    /// starting at the instant a send ends, or a collective arrives, sees that stream's SMs as
+    /// they are after the instant, whichever event came first. (The full and the reduced run
+    /// order an instant's events differently.)
+    fn start_chains(&mut self) {
+        let mut starting = std::mem::take(&mut self.starting);
+        for &(inst, op) in &starting {
+            debug_assert!(self.insts[inst as usize].chain.is_empty());
+            let end = self.plan_chain(inst, op, self.now);
+            let generation = self.insts[inst as usize].chain_gen;
+            self.push(end, Event::ChainDone { inst, generation });
+        }
+        starting.clear();
+        self.starting = starting;
+    }
+
+    /// Re-prices, from this instant on, the chains in flight whose GPU saw an NCCL kernel
+    /// start or end at it: each kernel is priced for the SMs held as it starts, fused or not.
+    fn replan_chains(&mut self) {
+        let now = self.now;
+        let mut replans = std::mem::take(&mut self.replans);
+        for &inst in &replans {
+            let i = &mut self.insts[inst as usize];
+            i.replan = false;
+            let held = self.contention.as_ref().map_or(0, |c| c.held(&i.busy));
+            if held == i.chain_extra {
+                continue;
+            }
+            let Some(k) = i.chain.iter().position(|&(_, start, _)| start >= now) else {
+                continue;
+            };
+            let (op, start, _) = i.chain[k];
+            let old_last = *i.chain.last().expect("a chain in flight");
+            i.chain.truncate(k);
+            let end = self.plan_chain(inst, op, start);
+            let i = &mut self.insts[inst as usize];
+            // The chain's end event stands if the chain still ends with the same kernel then.
+            if i.chain.last() != Some(&old_last) {
+                i.chain_gen = i.chain_gen.wrapping_add(1);
+                let generation = i.chain_gen;
+                self.push(end, Event::ChainDone { inst, generation });
+            }
+        }
+        replans.clear();
+        self.replans = replans;
     }
 
     /// Asks the hook for the duration of every external compute op that started at this
@@ -1276,6 +1363,14 @@ impl<'a> Sim<'a> {
         match ev {
             Event::OpDone { inst, stream } => {
                 let mask = self.complete(inst, stream as usize, None);
+                self.advance(inst, mask);
+            }
+            Event::ChainDone { inst, generation } => {
+                if generation != self.insts[inst as usize].chain_gen {
+                    return;
+                }
+                self.commit_chain(inst);
+                let mask = self.complete(inst, Stream::Compute as usize, None);
                 self.advance(inst, mask);
             }
             Event::CollDone { kind, id } => {
@@ -1578,7 +1673,7 @@ impl<'a> Sim<'a> {
         let i = &mut self.insts[inst as usize];
         debug_assert!(i.busy[stream] || stream == Stream::PpRecv as usize);
         let op = p.stream_ops[stream][i.pc[stream] as usize];
-        i.busy[stream] = false;
+        let was_busy = std::mem::replace(&mut i.busy[stream], false);
         i.pc[stream] += 1;
         i.last_done[stream] = now;
         if stream == Stream::Compute as usize {
@@ -1593,6 +1688,9 @@ impl<'a> Sim<'a> {
             });
         }
         self.remaining_ops -= 1;
+        if was_busy && stream != Stream::Compute as usize {
+            self.sms_changed(inst, stream);
+        }
         if stream != Stream::Compute as usize && !self.external[inst as usize].is_empty() {
             self.notify(inst, op);
         }
@@ -1658,6 +1756,9 @@ impl<'a> Sim<'a> {
             i.busy[s] = true;
             i.started[s] = now;
         }
+        if s != Stream::Compute as usize {
+            self.sms_changed(inst, s);
+        }
         match p.kind[op as usize] {
             OpKind::Compute(_) if !self.external[inst as usize].is_empty() => {
                 // Its duration comes from the hook once this instant is done.
@@ -1666,15 +1767,10 @@ impl<'a> Sim<'a> {
                 None
             }
             OpKind::Compute(_) => {
+                // Priced once every event of this instant is done, so the SMs it finds held
+                // do not depend on the order of the instant's events.
                 self.account_gap(inst, blocker, op);
-                let end = self.run_kernels(inst, op);
-                self.push(
-                    end,
-                    Event::OpDone {
-                        inst,
-                        stream: s as u8,
-                    },
-                );
+                self.starting.push((inst, op));
                 None
             }
             OpKind::Collective {
@@ -1701,22 +1797,25 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Runs kernel `op` and, fused into the same event, every following kernel that would
-    /// start the instant its predecessor ends: the predecessor has no dependents on other
-    /// streams (nobody can observe its end) and the successor's dependencies are already met.
-    /// Exact: each fused kernel starts when it would have started in the unfused run.
-    /// Returns the end time of the last kernel of the chain, whose completion is an event.
-    fn run_kernels(&mut self, inst: u32, first: u32) -> SimTime {
+    /// Plans kernel `op`, starting at `start`, and, fused into the same event, every following
+    /// kernel that would start the instant its predecessor ends: the predecessor has no
+    /// dependents on other streams (nobody can observe its end) and the successor's
+    /// dependencies are already met. The kernels are priced for the SMs NCCL holds now; when
+    /// that changes before the chain ends, [`Sim::replan_chains`] re-prices the kernels not yet
+    /// started. Exact: each kernel starts, at the price, when it would have in the unfused run.
+    /// Returns the chain's end, whose completion is an event.
+    fn plan_chain(&mut self, inst: u32, first: u32, start: SimTime) -> SimTime {
         let p = self.program(inst);
         let compute_ops = &p.stream_ops[Stream::Compute as usize];
         let prog = self.insts[inst as usize].prog;
         let durations = &self.durations[prog as usize];
         let i = &mut self.insts[inst as usize];
-        // SMs the NCCL kernels in flight hold as the chain starts.
+        // SMs the NCCL kernels in flight hold.
         let extra = self.contention.as_ref().map_or(0, |c| c.held(&i.busy));
+        i.chain_extra = extra;
         let mut op = first;
-        let mut start = self.now;
-        loop {
+        let mut start = start;
+        let end = loop {
             let base = match (extra, self.contention.as_mut(), p.kind[op as usize]) {
                 (1.., Some(c), OpKind::Compute(k)) => c.duration(prog, op, &k, extra),
                 _ => durations[op as usize],
@@ -1729,36 +1828,65 @@ impl<'a> Sim<'a> {
                 }
                 _ => base,
             };
-            let secs = dur as f64 * 1e-12;
+            let end = start + dur;
+            i.chain.push((op, start, end));
+            let next_pos = p.pos[op as usize] as usize + 1;
+            if p.has_dependents[op as usize] || next_pos >= compute_ops.len() || self.opts.unfused {
+                break end;
+            }
+            let next = compute_ops[next_pos];
+            // Earlier kernels are done or in this chain.
+            let ready = p.deps_of(next).iter().all(|&d| {
+                let ds = p.stream[d as usize] as usize;
+                ds == Stream::Compute as usize || i.pc[ds] > p.pos[d as usize]
+            });
+            if !ready {
+                break end;
+            }
+            op = next;
+            start = end;
+        };
+        end
+    }
+
+    /// The chain in flight of `inst` ended: its kernels are done (the last one completes as an
+    /// op, the others were never observed).
+    fn commit_chain(&mut self, inst: u32) {
+        let p = self.program(inst);
+        let i = &mut self.insts[inst as usize];
+        let chain = std::mem::take(&mut i.chain);
+        let (last, rest) = chain.split_last().expect("a chain in flight");
+        for &(op, start, end) in chain.iter() {
+            let secs = (end - start) as f64 * 1e-12;
             i.timing.compute_s += secs;
             if let OpKind::Compute(c) = p.kind[op as usize]
                 && c.class == OpClass::Gemm
             {
                 i.timing.gemm_s += secs;
             }
-            let end = start + dur;
-            let next_pos = p.pos[op as usize] as usize + 1;
-            if p.has_dependents[op as usize] || next_pos >= compute_ops.len() {
-                i.started[Stream::Compute as usize] = start;
-                return end;
-            }
-            let next = compute_ops[next_pos];
-            let ready = p
-                .deps_of(next)
-                .iter()
-                .all(|&d| i.pc[p.stream[d as usize] as usize] > p.pos[d as usize]);
-            if !ready {
-                i.started[Stream::Compute as usize] = start;
-                return end;
-            }
-            // `op` ends at `end` unobserved; `next` starts then.
+        }
+        for &(op, start, end) in rest {
             i.pc[Stream::Compute as usize] += 1;
             self.remaining_ops -= 1;
             if let Some(rec) = i.record {
                 self.timelines[rec].ops.push(OpRecord { op, start, end });
             }
-            op = next;
-            start = end;
+        }
+        i.started[Stream::Compute as usize] = last.1;
+        i.chain = chain;
+        i.chain.clear();
+    }
+
+    /// An NCCL kernel of `inst` started or ended on stream `s`: a chain in flight is re-priced
+    /// once the instant is done.
+    fn sms_changed(&mut self, inst: u32, s: usize) {
+        let Some(c) = self.contention.as_ref() else {
+            return;
+        };
+        let i = &mut self.insts[inst as usize];
+        if c.sms[s] > 0 && !i.chain.is_empty() && !i.replan {
+            i.replan = true;
+            self.replans.push(inst);
         }
     }
 
