@@ -1815,7 +1815,7 @@ impl<'a> Sim<'a> {
         i.chain_extra = extra;
         let mut op = first;
         let mut start = start;
-        let end = loop {
+        loop {
             let base = match (extra, self.contention.as_mut(), p.kind[op as usize]) {
                 (1.., Some(c), OpKind::Compute(k)) => c.duration(prog, op, &k, extra),
                 _ => durations[op as usize],
@@ -1845,8 +1845,7 @@ impl<'a> Sim<'a> {
             }
             op = next;
             start = end;
-        };
-        end
+        }
     }
 
     /// The chain in flight of `inst` ended: its kernels are done (the last one completes as an
