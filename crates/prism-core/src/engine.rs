@@ -1853,9 +1853,9 @@ impl<'a> Sim<'a> {
     fn commit_chain(&mut self, inst: u32) {
         let p = self.program(inst);
         let i = &mut self.insts[inst as usize];
-        let chain = std::mem::take(&mut i.chain);
-        let (last, rest) = chain.split_last().expect("a chain in flight");
-        for &(op, start, end) in chain.iter() {
+        let mut chain = std::mem::take(&mut i.chain);
+        let (_, last_start, _) = *chain.last().expect("a chain in flight");
+        for (k, &(op, start, end)) in chain.iter().enumerate() {
             let secs = (end - start) as f64 * 1e-12;
             i.timing.compute_s += secs;
             if let OpKind::Compute(c) = p.kind[op as usize]
@@ -1863,17 +1863,18 @@ impl<'a> Sim<'a> {
             {
                 i.timing.gemm_s += secs;
             }
-        }
-        for &(op, start, end) in rest {
-            i.pc[Stream::Compute as usize] += 1;
-            self.remaining_ops -= 1;
-            if let Some(rec) = i.record {
-                self.timelines[rec].ops.push(OpRecord { op, start, end });
+            // The last kernel completes as an op (`complete`); the others end here.
+            if k + 1 < chain.len() {
+                i.pc[Stream::Compute as usize] += 1;
+                self.remaining_ops -= 1;
+                if let Some(rec) = i.record {
+                    self.timelines[rec].ops.push(OpRecord { op, start, end });
+                }
             }
         }
-        i.started[Stream::Compute as usize] = last.1;
+        i.started[Stream::Compute as usize] = last_start;
+        chain.clear();
         i.chain = chain;
-        i.chain.clear();
     }
 
     /// An NCCL kernel of `inst` started or ended on stream `s`: a chain in flight is re-priced
