@@ -110,6 +110,11 @@ impl Target {
                 include_str!("../../prism-io/tests/data/hf/gemma3-27b.json"),
                 include_str!("../../prism-io/tests/data/hf/llama4-maverick.json"),
                 include_str!("../../prism-io/tests/data/hf/gpt-oss-120b.json"),
+                include_str!("../../prism-io/tests/data/hf/llava-1.5-7b.json"),
+                include_str!("../../prism-io/tests/data/hf/falcon-7b.json"),
+                include_str!("../../prism-io/tests/data/hf/gpt2-xl.json"),
+                include_str!("../../prism-io/tests/data/hf/ernie4.5-21b-a3b.json"),
+                include_str!("../../prism-io/tests/data/hf/dots-llm1.json"),
             ],
             Target::KernelTable => &[
                 include_str!("../../prism-io/tests/data/kernels_h100.csv"),

@@ -284,6 +284,26 @@ fn every_family_simulates_from_its_config() {
         ("gpt-oss-120b.json", 4096, 8, 8),
         ("glm-4.5-air.json", 4096, 4, 8),
         ("qwen1.5-moe-a2.7b.json", 4096, 1, 4),
+        ("gemma-7b.json", 8192, 2, 1),
+        ("olmo2-7b.json", 4096, 1, 1),
+        ("olmoe-1b-7b.json", 4096, 1, 8),
+        ("phi3.5-moe.json", 4096, 2, 8),
+        ("pythia-12b.json", 2048, 4, 1),
+        ("gpt2-xl.json", 1024, 1, 1),
+        ("starcoder-15b.json", 8192, 1, 1),
+        ("starcoder2-3b.json", 16384, 1, 1),
+        ("falcon-7b.json", 2048, 1, 1),
+        ("falcon-40b.json", 2048, 8, 1),
+        ("granite-3.0-8b.json", 4096, 2, 1),
+        ("command-r.json", 8192, 8, 1),
+        ("dots-llm1.json", 4096, 2, 8),
+        ("ernie4.5-21b-a3b.json", 4096, 1, 8),
+        ("smollm3-3b.json", 4096, 1, 1),
+        ("glm4-9b-0414.json", 8192, 2, 1),
+        ("phi-2.json", 2048, 1, 1),
+        ("nemotron4-340b.json", 4096, 8, 1),
+        ("qwen2.5-vl-7b.json", 8192, 2, 1),
+        ("llava-1.5-7b.json", 4096, 1, 1),
     ] {
         let path = data(&format!("hf/{file}"));
         let job = format!(
@@ -332,6 +352,7 @@ fn presets_match_the_configs() {
         ("gpt-oss-120b", "gpt-oss-120b.json"),
         ("kimi-k2", "kimi-k2.json"),
         ("glm-4.5-air", "glm-4.5-air.json"),
+        ("nemotron4-340b", "nemotron4-340b.json"),
     ] {
         let p = preset_model(preset);
         let hf = read(&format!("hf/{file}"));
@@ -458,4 +479,281 @@ fn kimi_k2() {
     // 1026.4 B and 32.86 B against figures published in whole units (1 T, 32 B).
     assert_published("Kimi K2 total", m.params(), 1000.0, 0.03);
     assert_published("Kimi K2 active", m.active_params(), 32.0, 0.03);
+}
+
+/// More families read from their published configs (fixtures hold the architecture keys of the
+/// public `config.json`s), against the totals their authors publish. Prism counts the weight
+/// matrices, embeddings and norms; biases and learned position embeddings (GPT-2, StarCoder) are
+/// left out, below 0.2% here.
+#[test]
+fn more_families_match_published_totals() {
+    for (file, what, published, tol) in [
+        // Gemma Team 2024, arXiv:2403.08295, Table 2: 786,825,216 embedding + 7,751,248,896
+        // non-embedding parameters (tied embeddings).
+        ("gemma-7b.json", "Gemma 7B", 8.538, 0.001),
+        // OLMo 2 7B (model card, allenai/OLMo-2-1124-7B): 7.30 B.
+        ("olmo2-7b.json", "OLMo 2 7B", 7.30, 0.01),
+        // Muennighoff et al. 2024, "OLMoE", arXiv:2409.02060: 6.9 B total.
+        ("olmoe-1b-7b.json", "OLMoE-1B-7B", 6.9, 0.01),
+        // Abdin et al. 2024, Phi-3 report, arXiv:2404.14219: Phi-3.5-MoE, 41.9 B total.
+        ("phi3.5-moe.json", "Phi-3.5-MoE", 41.9, 0.01),
+        // Biderman et al. 2023, Pythia, arXiv:2304.01373, Table 1: 11,846,072,320.
+        ("pythia-12b.json", "Pythia 12B", 11.846, 0.001),
+        // GPT-2 XL: 1,557,611,200 parameters (transformers' count of the gpt2-xl checkpoint),
+        // 1.6 M of them learned positions.
+        ("gpt2-xl.json", "GPT-2 XL", 1.5576, 0.005),
+        // Li et al. 2023, StarCoder, arXiv:2305.06161: 15.5 B.
+        ("starcoder-15b.json", "StarCoder", 15.5, 0.01),
+        // Lozhkov et al. 2024, StarCoder2, arXiv:2402.19173: 3 B (3.03 B, tied embeddings).
+        ("starcoder2-3b.json", "StarCoder2-3B", 3.03, 0.01),
+        // IBM 2024, Granite 3.0 report: Granite-3.0-8B, 8.1 B.
+        ("granite-3.0-8b.json", "Granite 3.0 8B", 8.1, 0.01),
+        // Cohere, Command R (c4ai-command-r-v01): 35 B.
+        ("command-r.json", "Command R", 35.0, 0.01),
+        // rednote hilab 2025, dots.llm1 report, arXiv:2506.05767: 142 B total.
+        ("dots-llm1.json", "dots.llm1", 142.0, 0.01),
+        // GLM-4-9B-0414: 9.4 B.
+        ("glm4-9b-0414.json", "GLM-4-9B-0414", 9.4, 0.01),
+        // Microsoft 2023, Phi-2: 2.7 B (2.78 B).
+        ("phi-2.json", "Phi-2", 2.78, 0.01),
+        // NVIDIA 2024, Nemotron-4 340B report, arXiv:2406.11704, Table 1: 9.4 B embedding +
+        // 331.6 B non-embedding.
+        ("nemotron4-340b.json", "Nemotron-4 340B", 341.0, 0.005),
+        // Hugging Face 2025, SmolLM3: 3 B (3.08 B, tied embeddings).
+        ("smollm3-3b.json", "SmolLM3-3B", 3.08, 0.01),
+        // LLaVA-1.5-7B's language model, Vicuna-7B (Llama 2 7B, 6.74 B; vocabulary 32,064).
+        (
+            "llava-1.5-7b.json",
+            "LLaVA-1.5-7B (language model)",
+            6.74,
+            0.01,
+        ),
+    ] {
+        let m = read(&format!("hf/{file}"));
+        assert_published(what, m.params(), published, tol);
+    }
+    // Active parameters per token.
+    let olmoe = read("hf/olmoe-1b-7b.json");
+    assert_published("OLMoE-1B-7B active", olmoe.active_params(), 1.3, 0.02);
+    let phimoe = read("hf/phi3.5-moe.json");
+    assert_published("Phi-3.5-MoE active", phimoe.active_params(), 6.6, 0.01);
+    let dots = read("hf/dots-llm1.json");
+    assert_published("dots.llm1 active", dots.active_params(), 14.0, 0.01);
+}
+
+/// What each added family turns on: MLP form, key/value heads, experts, windows, norms and
+/// tied embeddings, from keys (and class defaults) of its config.
+#[test]
+fn added_families_read_their_architecture() {
+    use prism_core::job::Activation;
+    // Plain two-matrix MLPs, whatever the activation (GeLU, squared ReLU).
+    for file in [
+        "pythia-12b.json",
+        "gpt2-xl.json",
+        "starcoder-15b.json",
+        "starcoder2-3b.json",
+        "falcon-7b.json",
+        "falcon-40b.json",
+        "phi-2.json",
+        "nemotron4-340b.json",
+    ] {
+        assert_eq!(
+            read(&format!("hf/{file}")).activation,
+            Activation::Gelu,
+            "{file}"
+        );
+    }
+    for file in [
+        "gemma-7b.json",
+        "olmo2-7b.json",
+        "granite-3.0-8b.json",
+        "command-r.json",
+        "glm4-9b-0414.json",
+        "smollm3-3b.json",
+    ] {
+        assert_eq!(
+            read(&format!("hf/{file}")).activation,
+            Activation::SwiGlu,
+            "{file}"
+        );
+    }
+    // GPT-2: the `n_*` keys; 4 x hidden MLP when n_inner is absent; tied; dropout 0.1.
+    let g = read("hf/gpt2-xl.json");
+    assert_eq!(
+        (g.layers, g.hidden, g.heads, g.ffn_hidden, g.seq_len),
+        (48, 1600, 25, 6400, 1024)
+    );
+    assert!(g.tied_embeddings && g.dropout);
+    // Multi-query attention: StarCoder (multi_query), Falcon-7B (multi_query, old decoder);
+    // Falcon-40B's new decoder architecture has 8 key/value groups.
+    assert_eq!(read("hf/starcoder-15b.json").kv_heads, 1);
+    let f7 = read("hf/falcon-7b.json");
+    assert_eq!(
+        (f7.kv_heads, f7.ffn_hidden, f7.seq_len, f7.tied_embeddings),
+        (1, 4 * 4544, 2048, true)
+    );
+    let f40 = read("hf/falcon-40b.json");
+    assert_eq!((f40.kv_heads, f40.head_dim), (8, 64));
+    // Query/key norms.
+    for (file, qk) in [
+        ("olmo2-7b.json", true),
+        ("olmoe-1b-7b.json", true),
+        ("dots-llm1.json", true),
+        ("command-r.json", false),
+        ("granite-3.0-8b.json", false),
+    ] {
+        assert_eq!(read(&format!("hf/{file}")).arch.qk_norm, qk, "{file}");
+    }
+    // Tied embeddings from the class default when the config omits the key.
+    assert!(read("hf/gemma-7b.json").tied_embeddings);
+    assert!(read("hf/command-r.json").tied_embeddings);
+    assert!(read("hf/starcoder2-3b.json").tied_embeddings);
+    assert!(!read("hf/olmoe-1b-7b.json").tied_embeddings);
+    // Windows: StarCoder2 slides 4096 tokens on every layer; Phi-3.5-MoE's window is its whole
+    // context; dots1's window starts at max_window_layers = all layers, so none.
+    let sc2 = read("hf/starcoder2-3b.json");
+    assert_eq!(
+        (sc2.arch.attention_window, sc2.arch.attention_global_every),
+        (4096, 0)
+    );
+    assert_eq!(read("hf/phi3.5-moe.json").arch.attention_window, 131_072);
+    assert_eq!(dots_window(&read("hf/dots-llm1.json")), 0);
+    // MoE layouts.
+    let phimoe = read("hf/phi3.5-moe.json");
+    assert_eq!(experts(&phimoe), Some((16, 2, 6400)));
+    let olmoe = read("hf/olmoe-1b-7b.json");
+    assert_eq!(experts(&olmoe), Some((64, 8, 1024)));
+    let dots = read("hf/dots-llm1.json");
+    assert_eq!(experts(&dots), Some((128, 6, 1408)));
+    assert_eq!(
+        (
+            dots.arch.moe_first_dense_layers,
+            dots.arch.moe_shared_ffn_hidden,
+            dots.ffn_hidden
+        ),
+        (1, 2 * 1408, 10944)
+    );
+    let ernie = read("hf/ernie4.5-21b-a3b.json");
+    assert_eq!(experts(&ernie), Some((64, 6, 1536)));
+    assert_eq!(
+        (
+            ernie.arch.moe_first_dense_layers,
+            ernie.arch.moe_shared_ffn_hidden,
+            ernie.ffn_hidden,
+            ernie.moe_layers(),
+            ernie.tied_embeddings
+        ),
+        (1, 2 * 1536, 12288, 27, true)
+    );
+}
+
+fn dots_window(m: &Model) -> u32 {
+    m.arch.attention_window
+}
+
+/// Vision-language configs: the language model under `text_config`, or flat (Qwen2.5-VL) with
+/// the vision tower's keys beside it. Qwen2.5-VL-7B's language model has Qwen2-7B's shape.
+#[test]
+fn vision_language_configs_read_their_language_model() {
+    let vl = read("hf/qwen2.5-vl-7b.json");
+    let q = read("hf/qwen2-7b.json");
+    assert_eq!(
+        Model {
+            name: q.name.clone(),
+            seq_len: q.seq_len,
+            ..vl
+        },
+        q
+    );
+    // LLaVA: the wrapper's text_config (Vicuna 7B, a Llama) is the model; a text config that
+    // names no model_type is the wrapper's default text model (llama).
+    let text = std::fs::read_to_string(data("hf/llava-1.5-7b.json")).unwrap();
+    let llava = model_from_hf_config(&text, "llava.json").unwrap();
+    assert_eq!((llava.layers, llava.hidden, llava.vocab), (32, 4096, 32064));
+    let unnamed = text.replacen("\"model_type\": \"llama\",", "", 1);
+    assert_ne!(unnamed, text);
+    assert_eq!(model_from_hf_config(&unnamed, "llava.json").unwrap(), llava);
+    // A text config of an unsupported type is refused at its path.
+    let odd = text.replacen("\"model_type\": \"llama\"", "\"model_type\": \"rwkv\"", 1);
+    let e = model_from_hf_config(&odd, "llava.json").unwrap_err();
+    assert_eq!(e.path, "text_config.model_type", "{e}");
+}
+
+/// Architectures Prism does not model are refused with the reason, at `model_type`.
+#[test]
+fn unmodelled_architectures_say_why() {
+    for (cfg, path, why) in [
+        (
+            r#"{"model_type": "mllama", "text_config": {"model_type": "mllama_text_model",
+                "num_hidden_layers": 40, "hidden_size": 4096}}"#,
+            "model_type",
+            "cross-attention",
+        ),
+        (
+            r#"{"model_type": "llava", "text_config": {"model_type": "mllama_text_model"}}"#,
+            "text_config.model_type",
+            "cross-attention",
+        ),
+        (r#"{"model_type": "minimax"}"#, "model_type", "lightning"),
+        (
+            r#"{"model_type": "qwen3_next"}"#,
+            "model_type",
+            "linear attention",
+        ),
+        (
+            r#"{"model_type": "granitemoehybrid"}"#,
+            "model_type",
+            "Mamba",
+        ),
+        (
+            r#"{"architectures": ["MllamaForConditionalGeneration"]}"#,
+            "model_type",
+            "cross-attention",
+        ),
+        (
+            r#"{"model_type": "deepseek_v32"}"#,
+            "model_type",
+            "sparse attention",
+        ),
+    ] {
+        let e = model_from_hf_config(cfg, "c.json").unwrap_err();
+        assert_eq!(e.path, path, "{e}");
+        assert!(e.rule.contains(why), "{e}");
+    }
+    // ERNIE 4.5's MoE interval and end index beyond what Prism models.
+    let text = std::fs::read_to_string(data("hf/ernie4.5-21b-a3b.json")).unwrap();
+    for (from, to, key) in [
+        (
+            "\"moe_layer_interval\": 1",
+            "\"moe_layer_interval\": 2",
+            "moe_layer_interval",
+        ),
+        (
+            "\"moe_layer_end_index\": 27",
+            "\"moe_layer_end_index\": 20",
+            "moe_layer_end_index",
+        ),
+    ] {
+        let changed = text.replacen(from, to, 1);
+        assert_ne!(changed, text, "{from}");
+        let e = model_from_hf_config(&changed, "e.json").unwrap_err();
+        assert_eq!(e.path, key, "{e}");
+    }
+    // dots1 with a window on its upper layers, SmolLM3 with its NoPE-layer window.
+    let dots = std::fs::read_to_string(data("hf/dots-llm1.json")).unwrap();
+    let changed = dots
+        .replacen("\"max_window_layers\": 62", "\"max_window_layers\": 28", 1)
+        .replacen("\"sliding_window\": null", "\"sliding_window\": 4096", 1);
+    let e = model_from_hf_config(&changed, "d.json").unwrap_err();
+    assert_eq!(e.path, "max_window_layers", "{e}");
+    let smol = std::fs::read_to_string(data("hf/smollm3-3b.json")).unwrap();
+    let changed = smol
+        .replacen(
+            "\"use_sliding_window\": false",
+            "\"use_sliding_window\": true",
+            1,
+        )
+        .replacen("\"sliding_window\": null", "\"sliding_window\": 4096", 1);
+    let e = model_from_hf_config(&changed, "s.json").unwrap_err();
+    assert_eq!(e.path, "use_sliding_window", "{e}");
 }

@@ -550,7 +550,7 @@ fn bad_hf_config() {
         Some("model.hf_config"),
         &[
             "model_type",
-            "unsupported model_type `gpt_neox`",
+            "unsupported model_type `rwkv`",
             "llama, mistral, qwen2, mixtral",
         ],
     );
