@@ -757,3 +757,126 @@ fn unmodelled_architectures_say_why() {
     let e = model_from_hf_config(&changed, "s.json").unwrap_err();
     assert_eq!(e.path, "use_sliding_window", "{e}");
 }
+
+/// The remaining families, each from a config holding its transformers class's default sizes
+/// (what `AutoConfig` writes for a fresh model of that type): the feature each turns on.
+#[test]
+fn families_from_their_class_defaults() {
+    let read_str =
+        |json: &str| model_from_hf_config(json, "c.json").unwrap_or_else(|e| panic!("{e}"));
+    let llama_like = r#""num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 11008,
+        "num_attention_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096"#;
+    // OLMo 3: a 4096-token window on three layers of four (the class default when the config
+    // has no sliding_window and no layer_types), query/key norms.
+    let m = read_str(&format!(r#"{{"model_type": "olmo3", {llama_like}}}"#));
+    assert_eq!(
+        (
+            m.arch.attention_window,
+            m.arch.attention_global_every,
+            m.arch.qk_norm
+        ),
+        (4096, 4, true)
+    );
+    // ... and per layer_types when given: every 4th layer full.
+    let types: Vec<String> = (0..32)
+        .map(|i| {
+            if (i + 1) % 4 == 0 {
+                "\"full_attention\"".to_string()
+            } else {
+                "\"sliding_attention\"".to_string()
+            }
+        })
+        .collect();
+    let m = read_str(&format!(
+        r#"{{"model_type": "olmo3", {llama_like}, "sliding_window": 2048, "layer_types": [{}]}}"#,
+        types.join(",")
+    ));
+    assert_eq!(
+        (m.arch.attention_window, m.arch.attention_global_every),
+        (2048, 4)
+    );
+    // Cohere 2: window 4096, sliding_window_pattern 4; tied embeddings by default.
+    let m = read_str(&format!(
+        r#"{{"model_type": "cohere2", {llama_like}, "sliding_window": 4096, "sliding_window_pattern": 4}}"#
+    ));
+    assert_eq!(
+        (m.arch.attention_window, m.arch.attention_global_every),
+        (4096, 4)
+    );
+    assert!(m.tied_embeddings);
+    // EXAONE 4: the same pattern, query/key norms; no window when sliding_window is null.
+    let m = read_str(&format!(
+        r#"{{"model_type": "exaone4", {llama_like}, "sliding_window": 4096, "sliding_window_pattern": 4}}"#
+    ));
+    assert_eq!(
+        (
+            m.arch.attention_window,
+            m.arch.attention_global_every,
+            m.arch.qk_norm
+        ),
+        (4096, 4, true)
+    );
+    let m = read_str(&format!(
+        r#"{{"model_type": "exaone4", {llama_like}, "sliding_window": null}}"#
+    ));
+    assert_eq!(m.arch.attention_window, 0);
+    // Llama-shaped families: a gated MLP and nothing else turned on.
+    for t in [
+        "olmo",
+        "internlm2",
+        "hunyuan_v1_dense",
+        "ernie4_5",
+        "seed_oss",
+        "granite",
+        "glm4",
+    ] {
+        let m = read_str(&format!(r#"{{"model_type": "{t}", {llama_like}}}"#));
+        assert_eq!(m.activation, prism_core::job::Activation::SwiGlu, "{t}");
+        assert!(m.moe.is_none() && m.arch.attention_window == 0, "{t}");
+        assert_eq!(m.arch.qk_norm, t == "hunyuan_v1_dense", "{t}");
+        assert_eq!(m.tied_embeddings, t == "ernie4_5", "{t}");
+    }
+    // Seed-OSS trains with residual dropout (its published config: 0.1).
+    let m = read_str(&format!(
+        r#"{{"model_type": "seed_oss", {llama_like}, "residual_dropout": 0.1}}"#
+    ));
+    assert!(m.dropout);
+    // Plain MLPs: Apertus (xIELU, with query/key norms), Arcee (squared ReLU).
+    for (t, act, qk) in [("apertus", "xielu", true), ("arcee", "relu2", false)] {
+        let m = read_str(&format!(
+            r#"{{"model_type": "{t}", {llama_like}, "hidden_act": "{act}"}}"#
+        ));
+        assert_eq!(m.activation, prism_core::job::Activation::Gelu, "{t}");
+        assert_eq!(m.arch.qk_norm, qk, "{t}");
+    }
+    // Granite MoE (8 experts, top-2, expert width = intermediate_size); its shared variant adds
+    // a gated shared MLP of shared_intermediate_size.
+    let m = read_str(&format!(
+        r#"{{"model_type": "granitemoe", {llama_like}, "num_local_experts": 8, "num_experts_per_tok": 2}}"#
+    ));
+    assert_eq!(experts(&m), Some((8, 2, 11008)));
+    let m = read_str(&format!(
+        r#"{{"model_type": "granitemoeshared", {llama_like}, "num_local_experts": 8,
+            "num_experts_per_tok": 2, "shared_intermediate_size": 1024}}"#
+    ));
+    assert_eq!(m.arch.moe_shared_ffn_hidden, 1024);
+    // Qwen3-VL and Qwen3-VL-MoE: their text models are Qwen3 (query/key norms) and Qwen3-MoE.
+    let m = read_str(&format!(
+        r#"{{"model_type": "qwen3_vl", "text_config": {{"model_type": "qwen3_vl_text", {llama_like},
+            "head_dim": 128}}, "vision_config": {{"depth": 27}}}}"#
+    ));
+    assert!(m.arch.qk_norm && m.moe.is_none());
+    let m = read_str(&format!(
+        r#"{{"model_type": "qwen3_vl_moe", "text_config": {{"model_type": "qwen3_vl_moe_text",
+            {llama_like}, "num_experts": 60, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 1408, "decoder_sparse_step": 1, "mlp_only_layers": []}}}}"#
+    ));
+    assert_eq!(experts(&m), Some((60, 4, 1408)));
+    // Mistral 3's text config without a model_type is a Mistral; the wrapper's tie applies
+    // when the text config has none.
+    let m = read_str(&format!(
+        r#"{{"model_type": "mistral3", "tie_word_embeddings": true,
+            "text_config": {{{llama_like}, "num_key_value_heads": 8}}}}"#
+    ));
+    assert_eq!((m.kv_heads, m.tied_embeddings), (8, true));
+}
