@@ -34,6 +34,9 @@ enum Command {
     /// Work with measured profiles.
     #[command(subcommand)]
     Profile(profile::ProfileCommand),
+    /// Turn another tool's job description into a Prism job file (a Megatron-LM launch script).
+    #[command(subcommand)]
+    Import(import::ImportCommand),
     /// Fit the physical parameters of a GPU generation to published runs (and Kineto kernels).
     Calibrate(calibrate::CalibrateArgs),
     /// Training time as a distribution: Monte Carlo over iterations, failures and checkpoints,
@@ -127,6 +130,7 @@ mod fit;
 mod geo;
 mod geo_bubbles;
 mod geo_sweep;
+mod import;
 mod predict;
 mod profile;
 mod resilience;
@@ -143,6 +147,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Profile(cmd) => profile::run(&cmd),
+        Command::Import(cmd) => import::run(&cmd),
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Predict(args) => predict::run(&args),
         Command::Fit(args) => fit::run(&args),

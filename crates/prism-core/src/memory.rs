@@ -643,6 +643,21 @@ fn extras_in_flight(job: &Job, stage: u32, first: bool) -> f64 {
     interleaved_chunk_peak(p, v, m, stage as u64, Some(chunk), warmup_extra(job)) as f64
 }
 
+/// Weights a stage holds whole (below ZeRO-3): 2 bytes per parameter, except that with
+/// `fp8_param_gather` the transformer layers' weights are FP8 (1 byte). Megatron-Core's
+/// `--fp8-param-gather` keeps the compute parameters in FP8 (Transformer Engine's
+/// `fp8_model_init`; the FP32 master copies are the distributed optimizer's), and gathers them
+/// in FP8; the embedding and output layer stay BF16.
+fn unsharded_weight_bytes(job: &Job, stage: u32, params: StageParams) -> u64 {
+    if !job.parallel.fp8_param_gather {
+        return WEIGHT_BYTES_PER_PARAM * params.total();
+    }
+    let layers: u64 = (job.chunk_layers(stage).into_iter().flatten())
+        .map(|l| layer_params_at(job, l).total())
+        .sum();
+    WEIGHT_BYTES_PER_PARAM * (params.total() - layers) + layers
+}
+
 /// Memory of one GPU of pipeline stage `stage` at its peak.
 ///
 /// Activations = `stage layers x activation_bytes_per_layer x in_flight_microbatches`, plus:
@@ -722,13 +737,13 @@ pub fn stage_memory(job: &Job, stage: u32) -> MemoryBreakdown {
             };
             WEIGHT_BYTES_PER_PARAM * rest + whole_as(window, gathered, WEIGHT_BYTES_PER_PARAM)
         } else {
-            WEIGHT_BYTES_PER_PARAM * params.total()
+            unsharded_weight_bytes(job, stage, params)
         };
         let unreduced = if deferred { each.len() } else { 1 };
         (weights, grad_bytes * rest + whole(unreduced, grad_bytes))
     } else {
         (
-            WEIGHT_BYTES_PER_PARAM * params.total(),
+            unsharded_weight_bytes(job, stage, params),
             grad_bytes * params.total(),
         )
     };
@@ -1212,5 +1227,33 @@ mod tests {
         let mid = stage_params(&job, 1);
         let layer = job.model.layer_params();
         assert_eq!(mid.total(), 8 * ((layer - 2 * 16384) / 8 + 2 * 16384));
+    }
+
+    /// `fp8_param_gather` below ZeRO-3 keeps the layers' weights in FP8: a middle stage (only
+    /// transformer layers) holds exactly half its weight bytes; the first stage keeps its
+    /// embedding in BF16, so it saves exactly one byte per layer parameter.
+    #[test]
+    fn fp8_param_gather_keeps_layer_weights_in_fp8() {
+        let mut job = llama405b_job();
+        job.training.precision = Precision::Fp8;
+        job.cluster.gpu.peak_tflops_fp8 = Some(1979.0);
+        job.validate().unwrap();
+        let mut f8 = job.clone();
+        f8.parallel.fp8_param_gather = true;
+        f8.validate().unwrap();
+        let mid = stage_memory(&job, 1);
+        let mid8 = stage_memory(&f8, 1);
+        assert_eq!(mid8.weights * 2, mid.weights);
+        assert_eq!(
+            (mid8.gradients, mid8.optimizer, mid8.activations),
+            (mid.gradients, mid.optimizer, mid.activations)
+        );
+        let first = stage_memory(&job, 0);
+        let first8 = stage_memory(&f8, 0);
+        let layer_params: u64 = (job.chunk_layers(0).into_iter().flatten())
+            .map(|l| layer_params_at(&job, l).total())
+            .sum();
+        assert!(layer_params > 0 && layer_params < stage_params(&job, 0).total());
+        assert_eq!(first.weights - first8.weights, layer_params);
     }
 }

@@ -48,11 +48,13 @@ pub enum Target {
     Scenario,
     /// Kernel micro-benchmark results (CSV, `prism calibrate --kernels`).
     KernelBench,
+    /// Megatron-LM launch script (`prism import megatron`), then the job it writes.
+    Megatron,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 10] = [
+    pub const ALL: [Target; 11] = [
         Target::Job,
         Target::Hf,
         Target::KernelTable,
@@ -63,6 +65,7 @@ impl Target {
         Target::ResilienceLog,
         Target::Scenario,
         Target::KernelBench,
+        Target::Megatron,
     ];
 
     /// Name (command line, regression folders).
@@ -78,6 +81,7 @@ impl Target {
             Target::ResilienceLog => "resilience-log",
             Target::Scenario => "scenario",
             Target::KernelBench => "kernel-bench",
+            Target::Megatron => "megatron",
         }
     }
 
@@ -100,6 +104,10 @@ impl Target {
                 include_str!("../../prism-io/tests/data/jobs/inline.toml"),
                 include_str!("../../prism-io/tests/data/jobs/megatron-aliases.toml"),
                 include_str!("../../../validation/kineto/megatron-gpt-tp8-a100.toml"),
+            ],
+            Target::Megatron => &[
+                include_str!("../../prism-io/tests/data/megatron/llama3-70b-h100.sh"),
+                include_str!("../../prism-io/tests/data/megatron/gpt3-175b.cmd"),
             ],
             Target::Hf => &[
                 include_str!("../../prism-io/tests/data/hf/mistral-7b.json"),
@@ -331,6 +339,20 @@ fn feed(target: Target, input: &str) -> bool {
             Err(_) => false,
         },
         Target::Hf => hf::model_from_hf_config(input, "config.json").is_ok(),
+        Target::Megatron => {
+            let opts = megatron_args::ImportOptions {
+                cluster: "dgx-h100".into(),
+                nodes: Some(4),
+                ..Default::default()
+            };
+            match megatron_args::import_megatron(input, "train.sh", &opts) {
+                // The job it writes must load or be refused, never panic.
+                Ok(imported) => {
+                    jobfile::load_job_str(&imported.toml, "train.sh", None, &[]).is_ok()
+                }
+                Err(_) => false,
+            }
+        }
         Target::KernelTable => kernel_table::parse_kernel_table(input, "k.csv").is_ok(),
         Target::KernelBench => prism_io::kernel_bench::parse_kernel_bench(input, "b.csv").is_ok(),
         Target::Samples => samples::parse_samples(input, "s.csv").is_ok(),

@@ -14,6 +14,7 @@ pub mod jobfile;
 pub mod kernel_bench;
 pub mod kernel_table;
 pub mod kineto;
+pub mod megatron_args;
 pub mod plot;
 pub mod presets;
 pub mod report_json;

@@ -1,0 +1,300 @@
+//! `prism import megatron`: launch scripts read into jobs, against the models and layouts they
+//! describe (the presets of the same models) and Megatron's own rules (vocabulary padding,
+//! defaults of its switches).
+
+use std::path::PathBuf;
+
+use prism_core::job::Job;
+use prism_io::megatron_args::{ImportOptions, import_megatron};
+
+fn data(p: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/megatron")
+        .join(p)
+}
+
+fn opts() -> ImportOptions {
+    ImportOptions {
+        cluster: "dgx-h100".into(),
+        ..Default::default()
+    }
+}
+
+fn import(file: &str, o: &ImportOptions) -> (String, Job) {
+    let text = std::fs::read_to_string(data(file)).unwrap();
+    let imported = import_megatron(&text, file, o).unwrap_or_else(|e| panic!("{e}"));
+    let job = prism_io::jobfile::load_job_str(&imported.toml, file, None, &[])
+        .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
+        .job;
+    (imported.toml, job)
+}
+
+fn preset(name: &str) -> prism_core::job::Model {
+    let text = format!(
+        "[model]\npreset = \"{name}\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 1\n\
+         [parallel]\ntp = 1\npp = 1\ndp = 8\n[training]\nglobal_batch = 8\n"
+    );
+    prism_io::jobfile::load_job_str(&text, "p", None, &[])
+        .unwrap()
+        .job
+        .model
+}
+
+/// A Llama 3 70B script (variables with defaults, `$(( ))`, arrays, an `if` on the precision,
+/// torchrun's node count): the model is the `llama3-70b` preset but for the vocabulary, which
+/// Megatron pads to a multiple of 128 x tp = 1024 (128,256 -> 129,024); the layout, batch and
+/// overlaps are the script's.
+#[test]
+fn llama3_70b_script() {
+    let (toml, job) = import("llama3-70b-h100.sh", &opts());
+    let p = preset("llama3-70b");
+    assert_eq!(job.model.vocab, 129_024);
+    assert_eq!(
+        prism_core::job::Model {
+            name: p.name.clone(),
+            vocab: p.vocab,
+            ..job.model.clone()
+        },
+        p,
+        "{toml}"
+    );
+    let par = &job.parallel;
+    // 64 nodes (SLURM_NNODES unset: the default), tp 8 x pp 4: dp 16; 5 layers per virtual
+    // stage: vpp = 80 / 4 / 5 = 4, interleaved.
+    assert_eq!(job.cluster.nodes, 64);
+    assert_eq!((par.tp, par.pp, par.dp, par.vpp), (8, 4, 16, 4));
+    assert_eq!(par.schedule, prism_core::job::Schedule::Interleaved);
+    assert!(par.sequence_parallel && par.distributed_optimizer && par.tp_comm_overlap);
+    assert!(par.overlap_grad_reduce && par.overlap_param_gather);
+    assert!(
+        !par.grad_reduce_in_bf16,
+        "Megatron reduces BF16 gradients in FP32"
+    );
+    assert_eq!(job.training.global_batch, 1024);
+    assert_eq!(job.training.precision, prism_core::job::Precision::Bf16);
+    assert!(toml.contains("--num-query-groups 8 (line"), "{toml}");
+    // The simulation runs on the imported job.
+    let r = prism_core::simulate(
+        &job,
+        &prism_core::SimOptions {
+            mode: prism_core::Mode::Reduced,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(r.summary.iteration_time_s > 0.0 && r.summary.mfu < 1.0);
+}
+
+/// The caller's variables win over the script's: the `if` follows DTYPE into the FP8 branch,
+/// and the node count follows SLURM_NNODES.
+#[test]
+fn variables_from_the_caller_choose_branches() {
+    let o = ImportOptions {
+        vars: vec![
+            ("DTYPE".into(), "fp8".into()),
+            ("SLURM_NNODES".into(), "128".into()),
+        ],
+        ..opts()
+    };
+    let (_, job) = import("llama3-70b-h100.sh", &o);
+    assert_eq!(job.training.precision, prism_core::job::Precision::Fp8);
+    assert_eq!((job.cluster.nodes, job.parallel.dp), (128, 32));
+    // --nodes wins over the script's torchrun --nnodes.
+    let (_, job) = import(
+        "llama3-70b-h100.sh",
+        &ImportOptions {
+            nodes: Some(16),
+            ..opts()
+        },
+    );
+    assert_eq!(job.parallel.dp, 4);
+}
+
+/// GPT-3 175B as one command line with Megatron's defaults: GeLU MLP of 4h, tied embeddings,
+/// dropout 0.1, the GPT-2 vocabulary (50,257) padded at TP 8 to 51,200 (what Megatron logs),
+/// FP16 gradients reduced in FP16, none of the overlaps: the `gpt3-175b` preset's model.
+#[test]
+fn gpt3_command_line_with_megatron_defaults() {
+    let (toml, job) = import(
+        "gpt3-175b.cmd",
+        &ImportOptions {
+            nodes: Some(128),
+            ..opts()
+        },
+    );
+    let p = preset("gpt3-175b");
+    assert_eq!(
+        prism_core::job::Model {
+            name: p.name.clone(),
+            ..job.model.clone()
+        },
+        p,
+        "{toml}"
+    );
+    let par = &job.parallel;
+    assert_eq!((par.tp, par.pp, par.dp), (8, 16, 8));
+    assert!(!par.sequence_parallel && !par.distributed_optimizer);
+    assert!(!par.overlap_grad_reduce && !par.overlap_param_gather);
+    assert!(
+        par.grad_reduce_in_bf16,
+        "FP16 gradients are reduced in FP16"
+    );
+    assert_eq!(job.training.precision, prism_core::job::Precision::Fp16);
+    assert!(toml.contains("--lr"), "unused arguments are listed");
+}
+
+/// Bad scripts: the error names the argument, the line where there is one, and the rule.
+#[test]
+fn bad_scripts_name_the_argument() {
+    let fails = |text: &str, o: &ImportOptions| import_megatron(text, "s.sh", o).unwrap_err();
+    let base = std::fs::read_to_string(data("gpt3-175b.cmd")).unwrap();
+    let o = ImportOptions {
+        nodes: Some(128),
+        ..opts()
+    };
+    // A required argument missing.
+    let e = fails(&base.replace("--num-layers 96 ", ""), &o);
+    assert_eq!(e.flag, "--num-layers");
+    assert!(e.rule.contains("not found"), "{e}");
+    // Two different values outside any branch that can be followed.
+    let e = fails(&format!("{base}--seq-length 4096\n"), &o);
+    assert_eq!((e.flag.as_str(), e.line), ("--seq-length", Some(2)));
+    assert!(e.rule.contains("2048") && e.rule.contains("4096"), "{e}");
+    // A value that is a variable the script never sets.
+    let e = fails(&base.replace("--num-layers 96", "--num-layers $LAYERS"), &o);
+    assert_eq!(e.flag, "--num-layers");
+    assert!(e.rule.contains("--var"), "{e}");
+    // ... which the caller can set.
+    let ok = import_megatron(
+        &base.replace("--num-layers 96", "--num-layers $LAYERS"),
+        "s.sh",
+        &ImportOptions {
+            vars: vec![("LAYERS".into(), "48".into())],
+            ..o.clone()
+        },
+    )
+    .unwrap();
+    assert!(ok.toml.contains("layers = 48"), "{}", ok.toml);
+    // FP32 training, an unknown tokenizer without a vocabulary size, an unknown cluster, no
+    // node count, a value-less argument.
+    let e = fails(&base.replace("--fp16", ""), &o);
+    assert_eq!(e.flag, "--bf16");
+    let e = fails(
+        &format!("{base} --tokenizer-type SentencePieceTokenizer"),
+        &o,
+    );
+    assert_eq!(e.flag, "--vocab-size");
+    let e = fails(
+        &base,
+        &ImportOptions {
+            cluster: "dgx-h10".into(),
+            ..o.clone()
+        },
+    );
+    assert_eq!(e.flag, "--cluster");
+    assert!(e.rule.contains("dgx-h100"), "{e}");
+    let e = fails(&base, &opts());
+    assert_eq!(e.flag, "--nodes");
+    let e = fails(&format!("{base} --micro-batch-size"), &o);
+    assert!(e.rule.contains("expects a value"), "{e}");
+    // A hybrid Mamba model.
+    let e = fails(&format!("{base} --hybrid-override-pattern M-M-M-"), &o);
+    assert_eq!(e.flag, "--hybrid-override-pattern");
+    assert!(e.rule.contains("Mamba"), "{e}");
+    // An MoE layer pattern Prism cannot express, and one it can (every second layer).
+    let moe = format!("{base} --num-experts 8 --moe-layer-freq ([1,0]*48)");
+    assert_eq!(fails(&moe, &o).flag, "--moe-layer-freq");
+    let ok = import_megatron(&moe.replace("[1,0]", "[0,1]"), "s.sh", &o).unwrap();
+    assert!(ok.toml.contains("moe_layer_step = 2"), "{}", ok.toml);
+    // --arg adds an argument and replaces the script's value of one.
+    let ok = import_megatron(
+        &base,
+        "s.sh",
+        &ImportOptions {
+            extra_args: vec!["--seq-length 4096".into(), "--sequence-parallel".into()],
+            ..o.clone()
+        },
+    )
+    .unwrap();
+    assert!(
+        ok.toml
+            .contains("seq_len = 4096  # --seq-length 4096 (--arg)"),
+        "{}",
+        ok.toml
+    );
+    assert!(ok.toml.contains("sequence_parallel = true"), "{}", ok.toml);
+}
+
+/// What the reader cannot model is said, not dropped: arguments that change a step's time,
+/// partial recomputation, and a variable assigned two values.
+#[test]
+fn notes_report_what_is_not_modelled() {
+    let text = "TP=4\nTP=8\npython pretrain_gpt.py --tensor-model-parallel-size $TP \
+                --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 \
+                --micro-batch-size 1 --global-batch-size 64 --bf16 --vocab-size 32000 \
+                --recompute-granularity full --recompute-method block --recompute-num-layers 2 \
+                --expert-tensor-parallel-size 1 --enable-cuda-graph\n";
+    let o = ImportOptions {
+        nodes: Some(4),
+        ..opts()
+    };
+    let imported = import_megatron(text, "n.sh", &o).unwrap();
+    let notes = imported.notes.join("\n");
+    for want in [
+        "TP is assigned \"4\" (line 1) and \"8\" (line 2)",
+        "--recompute-method block",
+        "--expert-tensor-parallel-size",
+        "--enable-cuda-graph",
+    ] {
+        assert!(notes.contains(want), "{want}: {notes}");
+    }
+    assert!(imported.toml.contains("tp = 8"), "{}", imported.toml);
+    assert!(imported.toml.contains("# Notes:"), "{}", imported.toml);
+}
+
+/// Nested and one-line `if`s: branches whose tests can be evaluated are followed, so each of
+/// the three model sizes gets its own layer count, and a one-line `if` that does not hold is
+/// skipped.
+#[test]
+fn branches_are_followed() {
+    let script = r#"
+MODEL=${MODEL:-8b}
+if [[ "$MODEL" == "8b" ]]; then
+    LAYERS=32
+    if [ "$LONG" = "1" ]; then SEQ=32768; else SEQ=8192; fi
+elif [[ "$MODEL" == "70b" ]]; then
+    LAYERS=80
+    SEQ=8192
+else
+    LAYERS=126
+    SEQ=8192
+fi
+if [ 2 -gt 4 ]; then EXTRA="--recompute-activations"; fi
+python pretrain_gpt.py --num-layers $LAYERS --hidden-size 4096 --num-attention-heads 32 \
+    --seq-length $SEQ --micro-batch-size 1 --global-batch-size 64 --bf16 --vocab-size 32000 \
+    $EXTRA
+"#;
+    let run = |vars: &[(&str, &str)]| {
+        let o = ImportOptions {
+            nodes: Some(8),
+            vars: vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..opts()
+        };
+        let imported = import_megatron(script, "b.sh", &o).unwrap_or_else(|e| panic!("{e}"));
+        prism_io::jobfile::load_job_str(&imported.toml, "b.sh", None, &[])
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
+            .job
+    };
+    let j = run(&[("LONG", "0")]);
+    assert_eq!((j.model.layers, j.model.seq_len), (32, 8192));
+    assert_eq!(j.parallel.recompute, prism_core::job::Recompute::None);
+    let j = run(&[("LONG", "1")]);
+    assert_eq!(j.model.seq_len, 32768);
+    let j = run(&[("MODEL", "70b"), ("LONG", "0")]);
+    assert_eq!(j.model.layers, 80);
+    let j = run(&[("MODEL", "405b"), ("LONG", "0")]);
+    assert_eq!(j.model.layers, 126);
+}
