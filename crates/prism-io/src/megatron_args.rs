@@ -953,6 +953,13 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
             ));
         }
     }
+    if r.unused.contains("--encoder-num-layers") {
+        return Err(r.err(
+            "--encoder-num-layers",
+            None,
+            "an encoder-decoder model (T5): encoder-decoder models are not modelled",
+        ));
+    }
     let layers: u32 = r.req("--num-layers")?;
     let hidden: u32 = r.req("--hidden-size")?;
     let heads: u32 = r.req("--num-attention-heads")?;

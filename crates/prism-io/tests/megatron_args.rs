@@ -201,6 +201,9 @@ fn bad_scripts_name_the_argument() {
     let e = fails(&format!("{base} --hybrid-override-pattern M-M-M-"), &o);
     assert_eq!(e.flag, "--hybrid-override-pattern");
     assert!(e.rule.contains("Mamba"), "{e}");
+    // An encoder-decoder model.
+    let e = fails(&format!("{base} --encoder-num-layers 12"), &o);
+    assert_eq!(e.flag, "--encoder-num-layers");
     // An MoE layer pattern Prism cannot express, and one it can (every second layer).
     let moe = format!("{base} --num-experts 8 --moe-layer-freq ([1,0]*48)");
     assert_eq!(fails(&moe, &o).flag, "--moe-layer-freq");
