@@ -33,6 +33,11 @@ pub struct MegatronArgs {
     /// script's value of the same argument).
     #[arg(long = "arg", value_name = "ARGUMENTS", allow_hyphen_values = true)]
     args: Vec<String>,
+    /// The run's training log (Megatron-LM iteration lines or Prism's CSV timing log): its
+    /// median iteration time becomes the job's `[published]` figure, printed by `simulate`
+    /// beside the prediction.
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
     /// Job name (default: the script's file name).
     #[arg(long)]
     name: Option<String>,
@@ -52,6 +57,17 @@ pub fn run(cmd: &ImportCommand) -> Result<()> {
         };
         vars.push((name.trim().to_string(), value.to_string()));
     }
+    let measured = match &a.log {
+        Some(log) => {
+            let text = std::fs::read_to_string(log)
+                .with_context(|| format!("cannot read {}", log.display()))?;
+            Some(prism_io::megatron_args::measured_iteration_time(
+                &text,
+                &log.display().to_string(),
+            )?)
+        }
+        None => None,
+    };
     let opts = prism_io::megatron_args::ImportOptions {
         cluster: a.cluster.clone(),
         nodes: a.nodes,
@@ -59,6 +75,7 @@ pub fn run(cmd: &ImportCommand) -> Result<()> {
         vars,
         name: a.name.clone(),
         extra_args: a.args.clone(),
+        measured,
     };
     let origin = a.script.display().to_string();
     let imported = prism_io::megatron_args::import_megatron(&text, &origin, &opts)?;

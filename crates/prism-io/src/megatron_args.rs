@@ -34,6 +34,71 @@ pub struct ImportOptions {
     /// Megatron arguments added after the script's (`--vocab-size 151936`); they win over the
     /// script's values of the same arguments.
     pub extra_args: Vec<String>,
+    /// The run's measured iteration time (from its log), written as the job's `[published]`
+    /// figure so that `prism simulate` prints it beside the prediction.
+    pub measured: Option<MeasuredTime>,
+}
+
+/// An iteration time read from a training log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeasuredTime {
+    /// Median of the logged iteration times, seconds.
+    pub iteration_time_s: f64,
+    /// Log records the median is over.
+    pub records: usize,
+    /// Records skipped at the start (warm-up).
+    pub skipped: usize,
+    /// First and last iteration of the records used.
+    pub iterations: (u64, u64),
+    /// The log.
+    pub origin: String,
+}
+
+/// The median iteration time of a Megatron-LM log (its `elapsed time per iteration (ms)` lines,
+/// each an average over `--log-interval` iterations) or of a CSV timing log, after skipping the
+/// first tenth of the records (at least one: the first holds the warm-up).
+pub fn measured_iteration_time(
+    text: &str,
+    origin: &str,
+) -> Result<MeasuredTime, crate::resilience::FormatError> {
+    use prism_resilience::detect::LogEvent;
+    let events = crate::resilience::parse_log(text, origin)?;
+    let steps: Vec<(u64, f64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            LogEvent::Step(s) => Some((s.iteration, s.end_s - s.start_s)),
+            _ => None,
+        })
+        .collect();
+    let skipped = if steps.len() > 1 {
+        (steps.len() / 10).max(1)
+    } else {
+        0
+    };
+    let used = &steps[skipped..];
+    if used.is_empty() {
+        return Err(crate::resilience::FormatError {
+            origin: origin.to_string(),
+            line: None,
+            key: None,
+            rule: "no iteration times in the log".into(),
+        });
+    }
+    let mut times: Vec<f64> = used.iter().map(|s| s.1).collect();
+    times.sort_by(f64::total_cmp);
+    let n = times.len();
+    let median = if n % 2 == 1 {
+        times[n / 2]
+    } else {
+        (times[n / 2 - 1] + times[n / 2]) / 2.0
+    };
+    Ok(MeasuredTime {
+        iteration_time_s: median,
+        records: n,
+        skipped,
+        iterations: (used[0].0, used[n - 1].0),
+        origin: origin.to_string(),
+    })
 }
 
 /// A job file written from a script.
@@ -1518,6 +1583,17 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
                 toml_text.push('\n');
             }
         }
+    }
+    if let Some(m) = &opts.measured {
+        toml_text.push_str(&format!(
+            "\n[published]\nsource = {}\niteration_time_s = {}\n",
+            toml::Value::String(format!(
+                "{}: median of {} logged iteration times (iterations {} to {}; the first {} \
+                 record(s) skipped as warm-up)",
+                m.origin, m.records, m.iterations.0, m.iterations.1, m.skipped
+            )),
+            toml::Value::Float(m.iteration_time_s)
+        ));
     }
     if !r.notes.is_empty() {
         toml_text.push_str("\n# Notes:\n");

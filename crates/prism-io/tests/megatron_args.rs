@@ -301,3 +301,35 @@ python pretrain_gpt.py --num-layers $LAYERS --hidden-size 4096 --num-attention-h
     let j = run(&[("MODEL", "405b"), ("LONG", "0")]);
     assert_eq!(j.model.layers, 126);
 }
+
+/// A training log's median iteration time becomes the job's `[published]` figure: the warm-up
+/// record (21.5 s) is skipped, the median of the rest (15.85-16.15 s) is taken.
+#[test]
+fn log_gives_the_published_iteration_time() {
+    let text = std::fs::read_to_string(data("llama3-70b.log")).unwrap();
+    let m = prism_io::megatron_args::measured_iteration_time(&text, "llama3-70b.log").unwrap();
+    assert_eq!((m.records, m.skipped, m.iterations), (36, 4, (50, 400)));
+    assert!((15.85..16.15).contains(&m.iteration_time_s), "{m:?}");
+    let (toml, job) = import(
+        "llama3-70b-h100.sh",
+        &ImportOptions {
+            measured: Some(m.clone()),
+            ..opts()
+        },
+    );
+    let p = job_published(&toml);
+    assert_eq!(p, m.iteration_time_s);
+    assert_eq!(job.model.layers, 80);
+    // Not a log: an error naming the file.
+    let e = prism_io::megatron_args::measured_iteration_time("hello\n", "x.log").unwrap_err();
+    assert!(e.to_string().contains("x.log"), "{e}");
+}
+
+fn job_published(toml: &str) -> f64 {
+    let loaded = prism_io::jobfile::load_job_str(toml, "j", None, &[]).unwrap();
+    loaded
+        .published
+        .expect("[published]")
+        .iteration_time_s
+        .expect("iteration_time_s")
+}
