@@ -385,42 +385,28 @@ fn arith(expr: &str) -> Option<i64> {
                 self.i += 1;
             }
         }
-        fn expr(&mut self) -> Option<i64> {
-            let mut v = self.term()?;
-            loop {
-                self.ws();
-                match self.s.get(self.i) {
-                    Some(b'+') => {
-                        self.i += 1;
-                        v = v.checked_add(self.term()?)?;
-                    }
-                    Some(b'-') => {
-                        self.i += 1;
-                        v = v.checked_sub(self.term()?)?;
-                    }
-                    _ => return Some(v),
-                }
+        /// Binary operators by precedence level: 0 `+ -`, 1 `* / %`, 2 an atom.
+        fn expr(&mut self, level: u8) -> Option<i64> {
+            if level == 2 {
+                return self.atom();
             }
-        }
-        fn term(&mut self) -> Option<i64> {
-            let mut v = self.atom()?;
+            let mut v = self.expr(level + 1)?;
             loop {
                 self.ws();
-                match self.s.get(self.i) {
-                    Some(b'*') => {
-                        self.i += 1;
-                        v = v.checked_mul(self.atom()?)?;
-                    }
-                    Some(b'/') => {
-                        self.i += 1;
-                        v = v.checked_div(self.atom()?)?;
-                    }
-                    Some(b'%') => {
-                        self.i += 1;
-                        v = v.checked_rem(self.atom()?)?;
-                    }
+                let op = match (level, self.s.get(self.i)) {
+                    (0, Some(&c)) if c == b'+' || c == b'-' => c,
+                    (1, Some(&c)) if c == b'*' || c == b'/' || c == b'%' => c,
                     _ => return Some(v),
-                }
+                };
+                self.i += 1;
+                let r = self.expr(level + 1)?;
+                v = match op {
+                    b'+' => v.checked_add(r),
+                    b'-' => v.checked_sub(r),
+                    b'*' => v.checked_mul(r),
+                    b'/' => v.checked_div(r),
+                    _ => v.checked_rem(r),
+                }?;
             }
         }
         fn atom(&mut self) -> Option<i64> {
@@ -428,7 +414,7 @@ fn arith(expr: &str) -> Option<i64> {
             match self.s.get(self.i)? {
                 b'(' => {
                     self.i += 1;
-                    let v = self.expr()?;
+                    let v = self.expr(0)?;
                     self.ws();
                     (self.s.get(self.i) == Some(&b')')).then_some(())?;
                     self.i += 1;
@@ -453,7 +439,7 @@ fn arith(expr: &str) -> Option<i64> {
         s: expr.as_bytes(),
         i: 0,
     };
-    let v = p.expr()?;
+    let v = p.expr(0)?;
     p.ws();
     (p.i == p.s.len()).then_some(v)
 }
@@ -715,6 +701,18 @@ struct Out {
 }
 
 impl Out {
+    /// `key = value` read from Megatron argument `flag` (or its default).
+    fn put_arg(
+        &mut self,
+        r: &Reader,
+        section: &'static str,
+        key: &str,
+        value: toml::Value,
+        flag: &str,
+    ) {
+        self.put(section, key, value, &src(r, flag));
+    }
+
     fn put(&mut self, section: &'static str, key: &str, value: toml::Value, why: &str) {
         let v = value.to_string();
         let line = if why.is_empty() {
@@ -1029,8 +1027,8 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
     let hidden: u32 = r.req("--hidden-size")?;
     let heads: u32 = r.req("--num-attention-heads")?;
     let seq: u32 = r.req("--seq-length")?;
-    out.put("model", "layers", int(layers), &src(&r, "--num-layers"));
-    out.put("model", "hidden", int(hidden), &src(&r, "--hidden-size"));
+    out.put_arg(&r, "model", "layers", int(layers), "--num-layers");
+    out.put_arg(&r, "model", "hidden", int(hidden), "--hidden-size");
     let swiglu = r.has("--swiglu");
     let ffn = match r.num::<u32>("--ffn-hidden-size")? {
         Some(f) => f,
@@ -1038,18 +1036,8 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         None if swiglu => (4 * u64::from(hidden) * 2 / 3 / 64 * 64) as u32,
         None => hidden.saturating_mul(4),
     };
-    out.put(
-        "model",
-        "ffn_hidden",
-        int(ffn),
-        &src(&r, "--ffn-hidden-size"),
-    );
-    out.put(
-        "model",
-        "heads",
-        int(heads),
-        &src(&r, "--num-attention-heads"),
-    );
+    out.put_arg(&r, "model", "ffn_hidden", int(ffn), "--ffn-hidden-size");
+    out.put_arg(&r, "model", "heads", int(heads), "--num-attention-heads");
     let kv = if r.has("--group-query-attention") {
         r.num::<u32>("--num-query-groups")?.unwrap_or(1)
     } else {
@@ -1066,9 +1054,9 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         },
     );
     if let Some(d) = r.num::<u32>("--kv-channels")? {
-        out.put("model", "head_dim", int(d), &src(&r, "--kv-channels"));
+        out.put_arg(&r, "model", "head_dim", int(d), "--kv-channels");
     }
-    out.put("model", "seq_len", int(seq), &src(&r, "--seq-length"));
+    out.put_arg(&r, "model", "seq_len", int(seq), "--seq-length");
     // Vocabulary: what the tokenizer gives, padded as Megatron pads it.
     let tokenizer = r.str("--tokenizer-type").unwrap_or("GPT2BPETokenizer");
     let given: Option<u32> = r.num("--vocab-size")?;
@@ -1111,11 +1099,12 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         },
     );
     let untied = r.has("--untie-embeddings-and-output-weights");
-    out.put(
+    out.put_arg(
+        &r,
         "model",
         "tied_embeddings",
         b(!untied),
-        &src(&r, "--untie-embeddings-and-output-weights"),
+        "--untie-embeddings-and-output-weights",
     );
     let ad: f64 = r.num("--attention-dropout")?.unwrap_or(0.1);
     let hd: f64 = r.num("--hidden-dropout")?.unwrap_or(0.1);
@@ -1128,25 +1117,27 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         ),
     );
     if r.has("--qk-layernorm") {
-        out.put("model", "qk_norm", b(true), &src(&r, "--qk-layernorm"));
+        out.put_arg(&r, "model", "qk_norm", b(true), "--qk-layernorm");
     }
     if let Some(e) = r.num::<u32>("--num-experts")?.filter(|&e| e > 0) {
-        out.put("model", "moe_experts", int(e), &src(&r, "--num-experts"));
+        out.put_arg(&r, "model", "moe_experts", int(e), "--num-experts");
         let k: u32 = r.num("--moe-router-topk")?.unwrap_or(2);
-        out.put("model", "moe_top_k", int(k), &src(&r, "--moe-router-topk"));
+        out.put_arg(&r, "model", "moe_top_k", int(k), "--moe-router-topk");
         let f: u32 = r.num("--moe-ffn-hidden-size")?.unwrap_or(ffn);
-        out.put(
+        out.put_arg(
+            &r,
             "model",
             "moe_ffn_hidden",
             int(f),
-            &src(&r, "--moe-ffn-hidden-size"),
+            "--moe-ffn-hidden-size",
         );
         if let Some(sh) = r.num::<u32>("--moe-shared-expert-intermediate-size")? {
-            out.put(
+            out.put_arg(
+                &r,
                 "model",
                 "moe_shared_ffn_hidden",
                 int(sh),
-                &src(&r, "--moe-shared-expert-intermediate-size"),
+                "--moe-shared-expert-intermediate-size",
             );
         }
         if let Some(freq) = r.str("--moe-layer-freq") {
@@ -1161,20 +1152,16 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
                 )
             })?;
             if dense > 0 {
-                out.put(
+                out.put_arg(
+                    &r,
                     "model",
                     "moe_first_dense_layers",
                     int(dense),
-                    &src(&r, "--moe-layer-freq"),
+                    "--moe-layer-freq",
                 );
             }
             if step > 1 {
-                out.put(
-                    "model",
-                    "moe_layer_step",
-                    int(step),
-                    &src(&r, "--moe-layer-freq"),
-                );
+                out.put_arg(&r, "model", "moe_layer_step", int(step), "--moe-layer-freq");
             }
         }
         if let (Some(g), Some(t)) = (
@@ -1183,17 +1170,13 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         ) && g > 1
             && t < g
         {
-            out.put(
-                "model",
-                "moe_groups",
-                int(g),
-                &src(&r, "--moe-router-num-groups"),
-            );
-            out.put(
+            out.put_arg(&r, "model", "moe_groups", int(g), "--moe-router-num-groups");
+            out.put_arg(
+                &r,
                 "model",
                 "moe_groups_per_token",
                 int(t),
-                &src(&r, "--moe-router-group-topk"),
+                "--moe-router-group-topk",
             );
         }
     }
@@ -1207,11 +1190,11 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
             ("--v-head-dim", "mla_v_head_dim", 128),
         ] {
             let v: u32 = r.num(flag)?.unwrap_or(default);
-            out.put("model", key, int(v), &src(&r, flag));
+            out.put_arg(&r, "model", key, int(v), flag);
         }
     }
     if let Some(m) = r.num::<u32>("--mtp-num-layers")? {
-        out.put("model", "mtp_depth", int(m), &src(&r, "--mtp-num-layers"));
+        out.put_arg(&r, "model", "mtp_depth", int(m), "--mtp-num-layers");
     }
 
     // Cluster.
@@ -1267,40 +1250,39 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
     }
 
     // Parallel layout.
-    out.put(
+    out.put_arg(
+        &r,
         "parallel",
         "tp",
         int(tp),
-        &src(&r, "--tensor-model-parallel-size"),
+        "--tensor-model-parallel-size",
     );
-    out.put(
+    out.put_arg(
+        &r,
         "parallel",
         "pp",
         int(pp),
-        &src(&r, "--pipeline-model-parallel-size"),
+        "--pipeline-model-parallel-size",
     );
     if cp > 1 {
-        out.put(
-            "parallel",
-            "cp",
-            int(cp),
-            &src(&r, "--context-parallel-size"),
-        );
+        out.put_arg(&r, "parallel", "cp", int(cp), "--context-parallel-size");
     }
     if ep > 1 {
-        out.put(
+        out.put_arg(
+            &r,
             "parallel",
             "ep",
             int(ep),
-            &src(&r, "--expert-model-parallel-size"),
+            "--expert-model-parallel-size",
         );
     }
     if let Some(n) = r.num::<u32>("--num-layers-per-virtual-pipeline-stage")? {
-        out.put(
+        out.put_arg(
+            &r,
             "parallel",
             "num_layers_per_virtual_pipeline_stage",
             int(n),
-            &src(&r, "--num-layers-per-virtual-pipeline-stage"),
+            "--num-layers-per-virtual-pipeline-stage",
         );
     }
     for flag in [
@@ -1308,7 +1290,7 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         "--virtual-pipeline-model-parallel-size",
     ] {
         if let Some(v) = r.num::<u32>(flag)? {
-            out.put("parallel", "vpp", int(v), &src(&r, flag));
+            out.put_arg(&r, "parallel", "vpp", int(v), flag);
             break;
         }
     }
@@ -1328,7 +1310,7 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         ("--decoder-last-pipeline-num-layers", "last_stage_layers"),
     ] {
         if let Some(v) = r.num::<u32>(flag)? {
-            out.put("parallel", key, int(v), &src(&r, flag));
+            out.put_arg(&r, "parallel", key, int(v), flag);
         }
     }
     for (flag, key) in [
@@ -1348,15 +1330,16 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         ("--fp8-param-gather", "fp8_param_gather"),
     ] {
         if r.has(flag) {
-            out.put("parallel", key, b(true), &src(&r, flag));
+            out.put_arg(&r, "parallel", key, b(true), flag);
         }
     }
     let micro: u32 = r.req("--micro-batch-size")?;
-    out.put(
+    out.put_arg(
+        &r,
         "parallel",
         "micro_batch",
         int(micro),
-        &src(&r, "--micro-batch-size"),
+        "--micro-batch-size",
     );
     // Megatron's switches are off unless given (Prism's stack defaults differ: set them all).
     for (flag, key) in [
@@ -1366,7 +1349,7 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         ("--overlap-param-gather", "overlap_param_gather"),
         ("--tp-comm-overlap", "tp_comm_overlap"),
     ] {
-        out.put("parallel", key, b(r.has(flag)), &src(&r, flag));
+        out.put_arg(&r, "parallel", key, b(r.has(flag)), flag);
     }
     // Megatron reduces BF16 gradients in FP32 unless --grad-reduce-in-bf16, and FP16 gradients
     // in FP16 unless --accumulate-allreduce-grads-in-fp32.
@@ -1383,11 +1366,12 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
             },
         );
     } else {
-        out.put(
+        out.put_arg(
+            &r,
             "parallel",
             "grad_reduce_in_bf16",
             b(r.has("--grad-reduce-in-bf16")),
-            &src(&r, "--grad-reduce-in-bf16"),
+            "--grad-reduce-in-bf16",
         );
     }
     for (flag, key) in [
@@ -1399,23 +1383,25 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         ("--no-align-grad-reduce", "align_grad_reduce"),
     ] {
         if r.has(flag) {
-            out.put("parallel", key, b(false), &src(&r, flag));
+            out.put_arg(&r, "parallel", key, b(false), flag);
         }
     }
     if r.has("--overlap-p2p-communication-warmup-flush") {
-        out.put(
+        out.put_arg(
+            &r,
             "parallel",
             "overlap_p2p_comm_warmup_flush",
             b(true),
-            &src(&r, "--overlap-p2p-communication-warmup-flush"),
+            "--overlap-p2p-communication-warmup-flush",
         );
     }
     if let Some(bytes) = r.num::<f64>("--ddp-bucket-size")? {
-        out.put(
+        out.put_arg(
+            &r,
             "parallel",
             "dp_bucket_mparams",
             toml::Value::Float(bytes / 1e6),
-            &src(&r, "--ddp-bucket-size"),
+            "--ddp-bucket-size",
         );
     }
     if let Some(d) = r.str("--moe-token-dispatcher-type") {
@@ -1430,11 +1416,12 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
                 ));
             }
         };
-        out.put(
+        out.put_arg(
+            &r,
             "parallel",
             "moe_dispatcher",
             s(v),
-            &src(&r, "--moe-token-dispatcher-type"),
+            "--moe-token-dispatcher-type",
         );
     }
     // Recomputation.
@@ -1497,11 +1484,12 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
             u32::try_from(world / model_parallel * u64::from(micro)).unwrap_or(u32::MAX)
         }
     };
-    out.put(
+    out.put_arg(
+        &r,
         "training",
         "global_batch",
         int(global),
-        &src(&r, "--global-batch-size"),
+        "--global-batch-size",
     );
     let precision = if r.has("--fp8-format") {
         "fp8"
@@ -1536,19 +1524,21 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
     );
     match r.str("--attention-backend") {
         Some("unfused") | Some("local") => {
-            out.put(
+            out.put_arg(
+                &r,
                 "training",
                 "flash_attention",
                 b(false),
-                &src(&r, "--attention-backend"),
+                "--attention-backend",
             );
         }
         Some("flash") => {
-            out.put(
+            out.put_arg(
+                &r,
                 "training",
                 "attention_backend",
                 s("flash2"),
-                &src(&r, "--attention-backend"),
+                "--attention-backend",
             );
         }
         _ => {}
