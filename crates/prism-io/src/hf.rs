@@ -148,16 +148,15 @@ pub const WRAPPERS: &[(&str, &str)] = &[
     ("qwen3_vl_moe", "qwen3_vl_moe_text"),
 ];
 
+const CROSS_ATTENTION: &str =
+    "cross-attention layers to the vision encoder (Llama 3.2 Vision) are not modelled";
+const MAMBA: &str = "Mamba (state-space) layers are not modelled";
+const ENCODER_DECODER: &str = "encoder-decoder models are not modelled";
+
 /// `model_type`s known and refused, with the architecture feature Prism does not model.
 const UNMODELLED: &[(&str, &str)] = &[
-    (
-        "mllama",
-        "cross-attention layers to the vision encoder (Llama 3.2 Vision) are not modelled",
-    ),
-    (
-        "mllama_text_model",
-        "cross-attention layers to the vision encoder (Llama 3.2 Vision) are not modelled",
-    ),
+    ("mllama", CROSS_ATTENTION),
+    ("mllama_text_model", CROSS_ATTENTION),
     (
         "minimax",
         "lightning (linear) attention layers are not modelled",
@@ -166,30 +165,24 @@ const UNMODELLED: &[(&str, &str)] = &[
         "qwen3_next",
         "Gated DeltaNet (linear attention) layers are not modelled",
     ),
-    (
-        "granitemoehybrid",
-        "Mamba (state-space) layers are not modelled",
-    ),
-    ("jamba", "Mamba (state-space) layers are not modelled"),
-    ("bamba", "Mamba (state-space) layers are not modelled"),
-    ("falcon_h1", "Mamba (state-space) layers are not modelled"),
-    (
-        "falcon_mamba",
-        "Mamba (state-space) layers are not modelled",
-    ),
-    ("mamba", "Mamba (state-space) layers are not modelled"),
-    ("mamba2", "Mamba (state-space) layers are not modelled"),
-    ("nemotron_h", "Mamba (state-space) layers are not modelled"),
-    ("zamba", "Mamba (state-space) layers are not modelled"),
-    ("zamba2", "Mamba (state-space) layers are not modelled"),
+    ("granitemoehybrid", MAMBA),
+    ("jamba", MAMBA),
+    ("bamba", MAMBA),
+    ("falcon_h1", MAMBA),
+    ("falcon_mamba", MAMBA),
+    ("mamba", MAMBA),
+    ("mamba2", MAMBA),
+    ("nemotron_h", MAMBA),
+    ("zamba", MAMBA),
+    ("zamba2", MAMBA),
     (
         "deepseek_v32",
         "DeepSeek sparse attention (the indexer's top-k token selection) is not modelled",
     ),
-    ("t5", "encoder-decoder models are not modelled"),
-    ("mt5", "encoder-decoder models are not modelled"),
-    ("umt5", "encoder-decoder models are not modelled"),
-    ("bart", "encoder-decoder models are not modelled"),
+    ("t5", ENCODER_DECODER),
+    ("mt5", ENCODER_DECODER),
+    ("umt5", ENCODER_DECODER),
+    ("bart", ENCODER_DECODER),
 ];
 
 /// The family a supported `model_type` reads as: aliases and the text models of wrappers folded
@@ -426,7 +419,7 @@ fn display_name(name_or_path: Option<&str>, origin: &str, model_type: &str) -> S
 
 /// Deserializes `value` into an [`HfConfig`], error paths prefixed with `prefix`.
 fn parse_config(
-    value: serde_json::Value,
+    value: &serde_json::Value,
     origin: &str,
     prefix: &str,
 ) -> Result<HfConfig, HfConfigError> {
@@ -477,8 +470,8 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
         ));
     }
     // Vision-language configs hold the language model under `text_config`.
-    let nested = value.get("text_config").filter(|t| t.is_object()).cloned();
-    let top = parse_config(value.clone(), origin, "")?;
+    let nested = value.get("text_config").filter(|t| t.is_object());
+    let top = parse_config(&value, origin, "")?;
     let unsupported = |path: String, t: &str| {
         let rule = match UNMODELLED.iter().find(|(u, _)| *u == t) {
             Some((_, why)) => format!("model_type `{t}`: {why}"),
@@ -520,7 +513,7 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
     let top_name = top.name_or_path.clone();
     let (cfg, p, model_type, raw) = match nested {
         Some(t) => {
-            let text = parse_config(t.clone(), origin, "text_config")?;
+            let text = parse_config(t, origin, "text_config")?;
             let wrapper_default = top_type
                 .as_deref()
                 .and_then(|w| WRAPPERS.iter().find(|(n, _)| *n == w))
@@ -544,7 +537,7 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
             (text, "text_config.", text_type, t)
         }
         None => match top_type {
-            Some(t) => (top, "", t, value),
+            Some(t) => (top, "", t, &value),
             None => {
                 return Err(HfConfigError::new(
                     origin,

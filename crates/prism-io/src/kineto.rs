@@ -978,7 +978,8 @@ pub fn summary_table(trace: &KinetoTrace) -> String {
     out
 }
 
-fn median(values: &mut [f64]) -> Option<f64> {
+/// Median (the mean of the middle two for an even count); `None` when empty. Sorts `values`.
+pub(crate) fn median(values: &mut [f64]) -> Option<f64> {
     if values.is_empty() {
         return None;
     }

@@ -76,27 +76,22 @@ pub fn measured_iteration_time(
         0
     };
     let used = &steps[skipped..];
-    if used.is_empty() {
+    let mut times: Vec<f64> = used.iter().map(|s| s.1).collect();
+    let (Some(median), Some(first), Some(last)) =
+        (crate::kineto::median(&mut times), used.first(), used.last())
+    else {
         return Err(crate::resilience::FormatError {
             origin: origin.to_string(),
             line: None,
             key: None,
             rule: "no iteration times in the log".into(),
         });
-    }
-    let mut times: Vec<f64> = used.iter().map(|s| s.1).collect();
-    times.sort_by(f64::total_cmp);
-    let n = times.len();
-    let median = if n % 2 == 1 {
-        times[n / 2]
-    } else {
-        (times[n / 2 - 1] + times[n / 2]) / 2.0
     };
     Ok(MeasuredTime {
         iteration_time_s: median,
-        records: n,
+        records: used.len(),
         skipped,
-        iterations: (used[0].0, used[n - 1].0),
+        iterations: (first.0, last.0),
         origin: origin.to_string(),
     })
 }
@@ -647,7 +642,20 @@ struct Reader<'a> {
     assigned: BTreeMap<String, (String, usize)>,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// A reader of `origin` whose variables `vars` are fixed (they win over the script's).
+    fn new(origin: &'a str, vars: BTreeMap<String, String>) -> Self {
+        Reader {
+            origin,
+            seen: BTreeMap::new(),
+            unused: BTreeSet::new(),
+            notes: Vec::new(),
+            fixed: vars.clone(),
+            vars,
+            assigned: BTreeMap::new(),
+        }
+    }
+
     fn err(&self, flag: &str, line: Option<usize>, rule: impl Into<String>) -> MegatronArgsError {
         MegatronArgsError {
             origin: self.origin.to_string(),
@@ -757,16 +765,7 @@ pub fn import_megatron(
     origin: &str,
     opts: &ImportOptions,
 ) -> Result<Imported, MegatronArgsError> {
-    let fixed: BTreeMap<String, String> = opts.vars.iter().cloned().collect();
-    let mut r = Reader {
-        origin,
-        seen: BTreeMap::new(),
-        unused: BTreeSet::new(),
-        notes: Vec::new(),
-        vars: fixed.clone(),
-        fixed,
-        assigned: BTreeMap::new(),
-    };
+    let mut r = Reader::new(origin, opts.vars.iter().cloned().collect());
     // `if` / `elif` / `else` / `fi`: branches whose test can be evaluated are followed; a branch
     // whose test cannot (a file test, an unset variable) is read as if taken.
     let mut branches: Vec<Branch> = Vec::new();
@@ -778,13 +777,14 @@ pub fn import_megatron(
         let first = trimmed.split_whitespace().next().unwrap_or("");
         let first = first.trim_end_matches(';');
         let skipping = branches.iter().any(|b| b.now == Some(false));
+        // `if [ ... ]; then A; else B; fi` on one line.
+        let one_line = (first == "if").then(|| one_line_if(trimmed)).flatten();
         match first {
-            "if" if one_line_if(trimmed).is_some() => {
+            "if" if one_line.is_some() => {
                 if skipping {
                     continue;
                 }
-                // `if [ ... ]; then A; else B; fi` on one line.
-                let (cond, then_part, else_part) = one_line_if(trimmed).unwrap_or_default();
+                let (cond, then_part, else_part) = one_line.unwrap_or_default();
                 let cond = condition(&expand(&cond, &r.vars));
                 if cond != Some(false) {
                     r.statements(&then_part, line_no)?;
@@ -837,15 +837,7 @@ pub fn import_megatron(
         r.statements(trimmed, line_no)?;
     }
     // The caller's arguments replace the script's.
-    let mut extra = Reader {
-        origin: "--arg",
-        seen: BTreeMap::new(),
-        unused: BTreeSet::new(),
-        notes: Vec::new(),
-        vars: r.vars.clone(),
-        fixed: r.fixed.clone(),
-        assigned: BTreeMap::new(),
-    };
+    let mut extra = Reader::new("--arg", r.vars.clone());
     for (i, a) in opts.extra_args.iter().enumerate() {
         extra.flags(a, i + 1)?;
     }
