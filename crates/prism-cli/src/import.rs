@@ -1,4 +1,5 @@
-//! `prism import megatron`: a Megatron-LM launch script -> a Prism job file.
+//! `prism import megatron` / `prism import nemo`: a Megatron-LM launch script or a NeMo training
+//! config -> a Prism job file.
 
 use std::path::PathBuf;
 
@@ -11,6 +12,41 @@ pub enum ImportCommand {
     /// commented with the argument it came from. The script's variables, arrays and
     /// `$(( ))` arithmetic are expanded; the GPU type comes from `--cluster`.
     Megatron(MegatronArgs),
+    /// Read a NeMo training config (YAML: NeMo Framework Launcher's
+    /// `conf/training/<family>/<model>.yaml`, or NeMo's `megatron_gpt_config.yaml` layout) and
+    /// write the job file it describes, each key commented with the config key and line it came
+    /// from. OmegaConf interpolations between keys are resolved; the GPU type comes from
+    /// `--cluster`.
+    Nemo(NemoArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct NemoArgs {
+    /// The training config (YAML).
+    config: PathBuf,
+    /// Cluster preset the job runs on (the config does not name the GPU).
+    #[arg(long, default_value = "dgx-h100")]
+    cluster: String,
+    /// Nodes (default: the config's `trainer.num_nodes`).
+    #[arg(long)]
+    nodes: Option<u32>,
+    /// GPUs per node (default: the config's `trainer.devices`, else the preset's).
+    #[arg(long)]
+    gpus_per_node: Option<u32>,
+    /// Override a config key before reading, Hydra style, e.g. `--override
+    /// model.micro_batch_size=2` (repeatable; a `training.` prefix is accepted).
+    #[arg(long = "override", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// The tokenizer's vocabulary size before padding, for configs whose tokenizer is a model
+    /// file (SentencePiece) Prism cannot read.
+    #[arg(long)]
+    vocab_size: Option<u32>,
+    /// Job name (default: the config's `run.name`, else its file name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Write the job file here instead of printing it.
+    #[arg(long, short, value_name = "FILE")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -47,7 +83,45 @@ pub struct MegatronArgs {
 }
 
 pub fn run(cmd: &ImportCommand) -> Result<()> {
-    let ImportCommand::Megatron(a) = cmd;
+    match cmd {
+        ImportCommand::Megatron(a) => megatron(a),
+        ImportCommand::Nemo(a) => nemo(a),
+    }
+}
+
+fn nemo(a: &NemoArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&a.config)
+        .with_context(|| format!("cannot read {}", a.config.display()))?;
+    let mut overrides = Vec::new();
+    for o in &a.overrides {
+        let Some((key, value)) = o.split_once('=') else {
+            bail!("--override {o}: expected KEY=VALUE");
+        };
+        overrides.push((key.trim().to_string(), value.to_string()));
+    }
+    let opts = prism_io::nemo::NemoOptions {
+        machine: prism_io::megatron_args::ImportOptions {
+            cluster: a.cluster.clone(),
+            nodes: a.nodes,
+            gpus_per_node: a.gpus_per_node,
+            name: a.name.clone(),
+            ..Default::default()
+        },
+        overrides,
+        vocab_size: a.vocab_size,
+    };
+    let origin = a.config.display().to_string();
+    let imported = prism_io::nemo::import_nemo(&text, &origin, &opts)?;
+    write(
+        &imported,
+        &origin,
+        a.out.as_ref(),
+        "config",
+        "keys of the config",
+    )
+}
+
+fn megatron(a: &MegatronArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.script)
         .with_context(|| format!("cannot read {}", a.script.display()))?;
     let mut vars = Vec::new();
@@ -79,15 +153,33 @@ pub fn run(cmd: &ImportCommand) -> Result<()> {
     };
     let origin = a.script.display().to_string();
     let imported = prism_io::megatron_args::import_megatron(&text, &origin, &opts)?;
+    write(
+        &imported,
+        &origin,
+        a.out.as_ref(),
+        "script",
+        "arguments of the script",
+    )
+}
+
+/// Checks that the job loads, then writes it (or prints it).
+fn write(
+    imported: &prism_io::megatron_args::Imported,
+    origin: &str,
+    out: Option<&PathBuf>,
+    what: &str,
+    unused: &str,
+) -> Result<()> {
     // The file must load as a job: check it now, so that a bad combination is reported here.
-    prism_io::jobfile::load_job_str(&imported.toml, &origin, None, &[])
-        .with_context(|| "the job read from the script does not load".to_string())?;
-    match &a.out {
+    let written = format!("the job written from {origin}");
+    prism_io::jobfile::load_job_str(&imported.toml, &written, None, &[])
+        .with_context(|| format!("the job read from the {what} does not load"))?;
+    match out {
         Some(out) => {
             std::fs::write(out, &imported.toml)
                 .with_context(|| format!("cannot write {}", out.display()))?;
             eprintln!(
-                "wrote {} ({} arguments of the script not used{})",
+                "wrote {} ({} {unused} not used{})",
                 out.display(),
                 imported.unused.len(),
                 if imported.notes.is_empty() {

@@ -50,11 +50,13 @@ pub enum Target {
     KernelBench,
     /// Megatron-LM launch script (`prism import megatron`), then the job it writes.
     Megatron,
+    /// NeMo training config (YAML, `prism import nemo`), then the job it writes.
+    Nemo,
 }
 
 impl Target {
     /// Every target.
-    pub const ALL: [Target; 11] = [
+    pub const ALL: [Target; 12] = [
         Target::Job,
         Target::Hf,
         Target::KernelTable,
@@ -66,6 +68,7 @@ impl Target {
         Target::Scenario,
         Target::KernelBench,
         Target::Megatron,
+        Target::Nemo,
     ];
 
     /// Name (command line, regression folders).
@@ -82,6 +85,7 @@ impl Target {
             Target::Scenario => "scenario",
             Target::KernelBench => "kernel-bench",
             Target::Megatron => "megatron",
+            Target::Nemo => "nemo",
         }
     }
 
@@ -108,6 +112,10 @@ impl Target {
             Target::Megatron => &[
                 include_str!("../../prism-io/tests/data/megatron/llama3-70b-h100.sh"),
                 include_str!("../../prism-io/tests/data/megatron/gpt3-175b.cmd"),
+            ],
+            Target::Nemo => &[
+                include_str!("../../prism-io/tests/data/nemo/llama3-70b.yaml"),
+                include_str!("../../prism-io/tests/data/nemo/gpt3-175b-launcher.yaml"),
             ],
             Target::Hf => &[
                 include_str!("../../prism-io/tests/data/hf/mistral-7b.json"),
@@ -349,6 +357,22 @@ fn feed(target: Target, input: &str) -> bool {
                 // The job it writes must load or be refused, never panic.
                 Ok(imported) => {
                     jobfile::load_job_str(&imported.toml, "train.sh", None, &[]).is_ok()
+                }
+                Err(_) => false,
+            }
+        }
+        Target::Nemo => {
+            let opts = nemo::NemoOptions {
+                machine: megatron_args::ImportOptions {
+                    cluster: "dgx-h100".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            match nemo::import_nemo(input, "config.yaml", &opts) {
+                // The job it writes must load or be refused, never panic.
+                Ok(imported) => {
+                    jobfile::load_job_str(&imported.toml, "config.yaml", None, &[]).is_ok()
                 }
                 Err(_) => false,
             }

@@ -27,7 +27,7 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Targets (default: all): job, hf, kernel-table, samples, dist-table, cases, kineto,
-    /// resilience-log, scenario, kernel-bench.
+    /// resilience-log, scenario, kernel-bench, megatron, nemo.
     #[arg(long, value_delimiter = ',')]
     target: Vec<String>,
     /// Write each finding's input to DIR/<target>-<seed>-<index>.

@@ -15,6 +15,7 @@ pub mod kernel_bench;
 pub mod kernel_table;
 pub mod kineto;
 pub mod megatron_args;
+pub mod nemo;
 pub mod plot;
 pub mod presets;
 pub mod report_json;

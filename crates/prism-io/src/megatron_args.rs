@@ -339,9 +339,21 @@ fn test(atom: &str) -> Option<bool> {
 
 /// One occurrence of a read argument.
 #[derive(Clone, Debug)]
-struct Seen {
-    value: Option<String>,
-    line: usize,
+pub(crate) struct Seen {
+    pub(crate) value: Option<String>,
+    pub(crate) line: usize,
+    /// Where it was read, when not a `--flag` of the script (a NeMo config key such as
+    /// `model.num_layers: 80`); the job file's comment names this instead.
+    pub(crate) from: Option<String>,
+}
+
+/// What the arguments were read from: the wording of comments and errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// A Megatron-LM launch script or command line (`prism import megatron`).
+    Script,
+    /// A NeMo training config (YAML; `prism import nemo`), translated to Megatron's arguments.
+    NemoConfig,
 }
 
 /// Lines of `text` with backslash continuations joined, each with its first line's number.
@@ -630,11 +642,18 @@ fn words(line: &str) -> Vec<String> {
     out
 }
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     origin: &'a str,
-    seen: BTreeMap<&'static str, Seen>,
-    unused: BTreeSet<String>,
-    notes: Vec<String>,
+    dialect: Dialect,
+    pub(crate) seen: BTreeMap<&'static str, Seen>,
+    pub(crate) unused: BTreeSet<String>,
+    pub(crate) notes: Vec<String>,
+    /// For a translated config: the config key each Megatron argument stands for (errors name
+    /// the key the user wrote).
+    pub(crate) names: BTreeMap<&'static str, &'static str>,
+    /// Job keys the translation sets beyond what the Megatron arguments say:
+    /// (section, key, value, why).
+    pub(crate) extra_keys: Vec<(&'static str, &'static str, toml::Value, String)>,
     /// Variables: the caller's (`fixed`, they win) and the script's, in order.
     vars: BTreeMap<String, String>,
     fixed: BTreeMap<String, String>,
@@ -644,23 +663,39 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// A reader of `origin` whose variables `vars` are fixed (they win over the script's).
-    fn new(origin: &'a str, vars: BTreeMap<String, String>) -> Self {
+    pub(crate) fn new(origin: &'a str, vars: BTreeMap<String, String>) -> Self {
         Reader {
             origin,
+            dialect: Dialect::Script,
             seen: BTreeMap::new(),
             unused: BTreeSet::new(),
             notes: Vec::new(),
+            names: BTreeMap::new(),
+            extra_keys: Vec::new(),
             fixed: vars.clone(),
             vars,
             assigned: BTreeMap::new(),
         }
     }
 
-    fn err(&self, flag: &str, line: Option<usize>, rule: impl Into<String>) -> MegatronArgsError {
+    /// A reader of a translated NeMo config.
+    pub(crate) fn nemo(origin: &'a str) -> Self {
+        Reader {
+            dialect: Dialect::NemoConfig,
+            ..Reader::new(origin, BTreeMap::new())
+        }
+    }
+
+    pub(crate) fn err(
+        &self,
+        flag: &str,
+        line: Option<usize>,
+        rule: impl Into<String>,
+    ) -> MegatronArgsError {
         MegatronArgsError {
             origin: self.origin.to_string(),
             line,
-            flag: flag.to_string(),
+            flag: self.names.get(flag).copied().unwrap_or(flag).to_string(),
             rule: rule.into(),
         }
     }
@@ -682,7 +717,9 @@ impl<'a> Reader<'a> {
             return Ok(None);
         };
         v.parse::<T>().map(Some).map_err(|_| {
-            let rule = if v.contains('$') {
+            let rule = if v.contains('$') && self.dialect == Dialect::NemoConfig {
+                format!("`{v}` could not be resolved (give the value with --override KEY=VALUE)")
+            } else if v.contains('$') {
                 format!("`{v}` is not set in the script (set the variable with --var NAME=VALUE)")
             } else {
                 format!("`{v}` is not a valid number")
@@ -696,15 +733,23 @@ impl<'a> Reader<'a> {
             self.err(
                 flag,
                 None,
-                "not found in the script (Megatron requires it; pass it in the script or with \
-                 --var)",
+                match self.dialect {
+                    Dialect::Script => {
+                        "not found in the script (Megatron requires it; pass it in the script or \
+                         with --var)"
+                    }
+                    Dialect::NemoConfig => {
+                        "not found in the config (NeMo requires it; add it to the file or give it \
+                         with --override KEY=VALUE)"
+                    }
+                },
             )
         })
     }
 }
 
 /// One `key = value` line of the job file, commented with its source.
-struct Out {
+pub(crate) struct Out {
     sections: BTreeMap<&'static str, Vec<String>>,
 }
 
@@ -733,20 +778,41 @@ impl Out {
 }
 
 fn src(r: &Reader, flag: &str) -> String {
+    if let Some(Seen {
+        from: Some(from),
+        line,
+        ..
+    }) = r.seen.get(flag)
+    {
+        return if *line > 0 {
+            format!("{from} (line {line})")
+        } else {
+            from.clone()
+        };
+    }
+    if r.dialect == Dialect::NemoConfig {
+        let key = r.names.get(flag).copied().unwrap_or(flag);
+        return format!("NeMo's default (no {key})");
+    }
     match r.seen.get(flag) {
         Some(Seen {
             value: Some(v),
             line: 0,
+            ..
         }) => format!("{flag} {v} (--arg)"),
         Some(Seen {
             value: None,
             line: 0,
+            ..
         }) => format!("{flag} (--arg)"),
         Some(Seen {
             value: Some(v),
             line,
+            ..
         }) => format!("{flag} {v} (line {line})"),
-        Some(Seen { value: None, line }) => format!("{flag} (line {line})"),
+        Some(Seen {
+            value: None, line, ..
+        }) => format!("{flag} (line {line})"),
         None => format!("Megatron's default (no {flag})"),
     }
 }
@@ -847,6 +913,7 @@ pub fn import_megatron(
             Seen {
                 value: seen.value,
                 line: 0,
+                from: None,
             },
         );
     }
@@ -977,6 +1044,7 @@ impl Reader<'_> {
                 Seen {
                     value,
                     line: line_no,
+                    from: None,
                 },
             );
         }
@@ -984,7 +1052,13 @@ impl Reader<'_> {
     }
 }
 
-fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, MegatronArgsError> {
+/// Writes the job file of the arguments `r` has read (a script's, or a config's translated to
+/// Megatron's names).
+pub(crate) fn build(
+    mut r: Reader,
+    opts: &ImportOptions,
+    origin: &str,
+) -> Result<Imported, MegatronArgsError> {
     let mut out = Out {
         sections: BTreeMap::new(),
     };
@@ -1041,6 +1115,8 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         int(kv),
         &if r.has("--group-query-attention") {
             src(&r, "--num-query-groups")
+        } else if r.dialect == Dialect::NemoConfig {
+            "NeMo's default (no model.num_query_groups): one group per head".to_string()
         } else {
             "no --group-query-attention: one group per head".to_string()
         },
@@ -1055,7 +1131,13 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
     let (orig, why) = match (tokenizer, given) {
         // The null tokenizer adds an end-of-document token after the vocabulary.
         ("NullTokenizer", Some(v)) => (v + 1, format!("{} + 1 (NullTokenizer's EOD)", v)),
-        (_, Some(v)) => (v, format!("--vocab-size {v}")),
+        (_, Some(v)) => (
+            v,
+            match r.seen.get("--vocab-size").and_then(|s| s.from.clone()) {
+                Some(from) => from,
+                None => format!("--vocab-size {v}"),
+            },
+        ),
         ("GPT2BPETokenizer", None) => (50257, "GPT-2 BPE, 50,257 tokens".to_string()),
         ("Llama2Tokenizer", None) => (32000, "Llama 2's 32,000 tokens".to_string()),
         (t, None) => {
@@ -1085,7 +1167,11 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         &if swiglu {
             src(&r, "--swiglu")
         } else if r.has("--squared-relu") {
-            "--squared-relu: a plain two-matrix MLP".to_string()
+            format!("{}: a plain two-matrix MLP", src(&r, "--squared-relu"))
+        } else if r.has("--activation") {
+            format!("{}: a two-matrix MLP", src(&r, "--activation"))
+        } else if r.dialect == Dialect::NemoConfig {
+            "NeMo's default (no model.activation): GeLU".to_string()
         } else {
             "no --swiglu: Megatron's GeLU MLP".to_string()
         },
@@ -1104,9 +1190,16 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         "model",
         "dropout",
         b(ad > 0.0 || hd > 0.0),
-        &format!(
-            "--attention-dropout {ad}, --hidden-dropout {hd} (Megatron: 0.1 each when not given)"
-        ),
+        &match r.dialect {
+            Dialect::Script => format!(
+                "--attention-dropout {ad}, --hidden-dropout {hd} (Megatron: 0.1 each when not \
+                 given)"
+            ),
+            Dialect::NemoConfig => format!(
+                "model.attention_dropout {ad}, model.hidden_dropout {hd} (NeMo: 0.1 each when \
+                 not given)"
+            ),
+        },
     );
     if r.has("--qk-layernorm") {
         out.put_arg(&r, "model", "qk_norm", b(true), "--qk-layernorm");
@@ -1208,7 +1301,12 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
             r.err(
                 "--nodes",
                 None,
-                "the script gives no node count (torchrun --nnodes); pass --nodes",
+                match r.dialect {
+                    Dialect::Script => {
+                        "the script gives no node count (torchrun --nnodes); pass --nodes"
+                    }
+                    Dialect::NemoConfig => "the config gives no trainer.num_nodes; pass --nodes",
+                },
             )
         })?,
     };
@@ -1233,12 +1331,14 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
     };
     let gpn = opts.gpus_per_node.or(script_gpn).unwrap_or(preset_gpn);
     if gpn != preset_gpn {
-        out.put(
-            "cluster",
-            "gpus_per_node",
-            int(gpn),
-            "torchrun --nproc_per_node",
-        );
+        let why = if opts.gpus_per_node.is_some() {
+            "--gpus-per-node".to_string()
+        } else if r.dialect == Dialect::NemoConfig {
+            src(&r, "--nproc_per_node")
+        } else {
+            "torchrun --nproc_per_node".to_string()
+        };
+        out.put("cluster", "gpus_per_node", int(gpn), &why);
     }
 
     // Parallel layout.
@@ -1536,6 +1636,11 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
         _ => {}
     }
 
+    // Keys a translated config sets beyond Megatron's arguments.
+    for (section, key, value, why) in std::mem::take(&mut r.extra_keys) {
+        out.put(section, key, value, &why);
+    }
+
     // Arguments that change a step's time but are not read.
     for (flag, why) in NOT_MODELLED {
         if r.unused.contains(*flag) {
@@ -1551,9 +1656,13 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
             .unwrap_or("megatron job")
             .to_string()
     });
+    let (tool, what) = match r.dialect {
+        Dialect::Script => ("megatron", "Megatron-LM argument"),
+        Dialect::NemoConfig => ("nemo", "NeMo config key"),
+    };
     let mut toml_text = format!(
-        "# Written by `prism import megatron` from {origin}.\n\
-         # Each key names the Megatron-LM argument (and line) it was read from.\n\
+        "# Written by `prism import {tool}` from {origin}.\n\
+         # Each key names the {what} (and line) it was read from.\n\
          name = {}\n",
         toml::Value::String(name)
     );
@@ -1585,7 +1694,10 @@ fn build(mut r: Reader, opts: &ImportOptions, origin: &str) -> Result<Imported, 
     }
     let unused: Vec<String> = r.unused.into_iter().collect();
     if !unused.is_empty() {
-        toml_text.push_str("\n# Arguments of the script not used by Prism:\n");
+        toml_text.push_str(match r.dialect {
+            Dialect::Script => "\n# Arguments of the script not used by Prism:\n",
+            Dialect::NemoConfig => "\n# Keys of the config not used by Prism:\n",
+        });
         for chunk in unused.chunks(6) {
             toml_text.push_str(&format!("#   {}\n", chunk.join(" ")));
         }
