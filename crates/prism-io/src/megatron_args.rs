@@ -651,6 +651,9 @@ pub(crate) struct Reader<'a> {
     /// For a translated config: the config key each Megatron argument stands for (errors name
     /// the key the user wrote).
     pub(crate) names: BTreeMap<&'static str, &'static str>,
+    /// For a translated config: switches the config turns off explicitly, with where
+    /// (`model.sequence_parallel: False (line 30)`).
+    pub(crate) off: BTreeMap<&'static str, String>,
     /// Job keys the translation sets beyond what the Megatron arguments say:
     /// (section, key, value, why).
     pub(crate) extra_keys: Vec<(&'static str, &'static str, toml::Value, String)>,
@@ -671,6 +674,7 @@ impl<'a> Reader<'a> {
             unused: BTreeSet::new(),
             notes: Vec::new(),
             names: BTreeMap::new(),
+            off: BTreeMap::new(),
             extra_keys: Vec::new(),
             fixed: vars.clone(),
             vars,
@@ -791,6 +795,9 @@ fn src(r: &Reader, flag: &str) -> String {
         };
     }
     if r.dialect == Dialect::NemoConfig {
+        if let Some(off) = r.off.get(flag) {
+            return off.clone();
+        }
         let key = r.names.get(flag).copied().unwrap_or(flag);
         return format!("NeMo's default (no {key})");
     }

@@ -674,8 +674,17 @@ pub fn import_nemo(
     for &(key, flag) in SWITCHES {
         r.names.insert(flag, key);
         read.insert(key.to_string());
-        if let Some((true, line)) = cfg.bool(key)? {
-            set(&mut r, flag, None, line, format!("{key}: true"));
+        match cfg.bool(key)? {
+            Some((true, line)) => set(&mut r, flag, None, line, format!("{key}: true")),
+            Some((false, line)) => {
+                let at = if line == 0 {
+                    "--override".to_string()
+                } else {
+                    format!("line {line}")
+                };
+                r.off.insert(flag, format!("{key}: false ({at})"));
+            }
+            None => {}
         }
     }
     for &(key, flag, default) in NEGATED {
@@ -920,6 +929,16 @@ pub fn import_nemo(
             ));
         }
     } else if let Some((name, line)) = &optim {
+        for flag in [
+            "--use-distributed-optimizer",
+            "--overlap-grad-reduce",
+            "--overlap-param-gather",
+        ] {
+            r.off.insert(
+                flag,
+                format!("model.optim.name: {name} (line {line}): not a distributed optimizer"),
+            );
+        }
         r.notes.push(format!(
             "model.optim.name: {name} (line {line}): not a distributed optimizer; the gradient \
              all-reduce is taken as not overlapped with backward"
@@ -1083,12 +1102,12 @@ pub fn import_nemo(
 
     let mut machine = opts.machine.clone();
     if machine.name.is_none() {
-        machine.name = cfg
-            .str("run.name")
-            .ok()
-            .flatten()
+        // The launcher's `run.name`, else NeMo's top-level `name`.
+        machine.name = ["run.name", "name"]
+            .iter()
+            .filter_map(|k| cfg.str(k).ok().flatten())
             .map(|(n, _)| n)
-            .filter(|n| !n.contains("${"));
+            .find(|n| !n.contains("${"));
     }
     build(r, &machine, origin)
 }

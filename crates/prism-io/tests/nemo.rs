@@ -226,6 +226,21 @@ fn nemo_defaults() {
     );
     // Importing twice gives the same file.
     assert_eq!(toml, import_text(MINIMAL, &opts()).0);
+    // Switches turned off in the file, and a non-distributed optimizer, are named as such.
+    let text = MINIMAL.replace(
+        "hidden_size: 2048",
+        "hidden_size: 2048\n  sequence_parallel: False\n  optim:\n    name: fused_adam",
+    );
+    let (toml, job) = import_text(&text, &opts());
+    assert!(!job.parallel.sequence_parallel && !job.parallel.distributed_optimizer);
+    assert!(
+        toml.contains("sequence_parallel = false  # model.sequence_parallel: false (line 13)"),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("model.optim.name: fused_adam (line 15): not a distributed optimizer"),
+        "{toml}"
+    );
 }
 
 /// Bad configs are errors naming the key (and line) and the rule.
