@@ -89,16 +89,21 @@ pub fn run(cmd: &ImportCommand) -> Result<()> {
     }
 }
 
+/// `NAME=VALUE` pairs of a repeatable option (`--var`, `--override`).
+fn pairs(option: &str, items: &[String]) -> Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .map(|o| match o.split_once('=') {
+            Some((key, value)) => Ok((key.trim().to_string(), value.to_string())),
+            None => bail!("{option} {o}: expected NAME=VALUE"),
+        })
+        .collect()
+}
+
 fn nemo(a: &NemoArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.config)
         .with_context(|| format!("cannot read {}", a.config.display()))?;
-    let mut overrides = Vec::new();
-    for o in &a.overrides {
-        let Some((key, value)) = o.split_once('=') else {
-            bail!("--override {o}: expected KEY=VALUE");
-        };
-        overrides.push((key.trim().to_string(), value.to_string()));
-    }
+    let overrides = pairs("--override", &a.overrides)?;
     let opts = prism_io::nemo::NemoOptions {
         machine: prism_io::megatron_args::ImportOptions {
             cluster: a.cluster.clone(),
@@ -124,13 +129,7 @@ fn nemo(a: &NemoArgs) -> Result<()> {
 fn megatron(a: &MegatronArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.script)
         .with_context(|| format!("cannot read {}", a.script.display()))?;
-    let mut vars = Vec::new();
-    for v in &a.vars {
-        let Some((name, value)) = v.split_once('=') else {
-            bail!("--var {v}: expected NAME=VALUE");
-        };
-        vars.push((name.trim().to_string(), value.to_string()));
-    }
+    let vars = pairs("--var", &a.vars)?;
     let measured = match &a.log {
         Some(log) => {
             let text = std::fs::read_to_string(log)

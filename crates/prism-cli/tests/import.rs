@@ -89,5 +89,5 @@ fn nemo_refusals_name_the_key() {
         "model.x",
     ]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("expected KEY=VALUE"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected NAME=VALUE"));
 }

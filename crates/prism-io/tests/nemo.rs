@@ -40,12 +40,22 @@ fn import(file: &str, o: &NemoOptions) -> (String, Job) {
     import_text(&std::fs::read_to_string(data(file)).unwrap(), o)
 }
 
-fn preset(name: &str) -> prism_core::job::Model {
-    load(&format!(
+/// Asserts that `model` is preset `name`'s but for the name and the (padded) vocabulary.
+fn assert_preset_but_vocab(model: &prism_core::job::Model, name: &str, toml: &str) {
+    let p = load(&format!(
         "[model]\npreset = \"{name}\"\n[cluster]\npreset = \"dgx-h100\"\nnodes = 1\n\
          [parallel]\ntp = 1\npp = 1\ndp = 8\n[training]\nglobal_batch = 8\n"
     ))
-    .model
+    .model;
+    assert_eq!(
+        prism_core::job::Model {
+            name: p.name.clone(),
+            vocab: p.vocab,
+            ..model.clone()
+        },
+        p,
+        "{toml}"
+    );
 }
 
 /// Llama 3 70B in a launcher-style config: the model is the `llama3-70b` preset but for the
@@ -54,17 +64,8 @@ fn preset(name: &str) -> prism_core::job::Model {
 #[test]
 fn llama3_70b_config_is_the_preset_model() {
     let (toml, job) = import("llama3-70b.yaml", &opts());
-    let p = preset("llama3-70b");
     assert_eq!(job.model.vocab, 128_512);
-    assert_eq!(
-        prism_core::job::Model {
-            name: p.name.clone(),
-            vocab: p.vocab,
-            ..job.model.clone()
-        },
-        p,
-        "{toml}"
-    );
+    assert_preset_but_vocab(&job.model, "llama3-70b", &toml);
     assert_eq!(job.name, "llama3_70b_test", "the run's name");
     let par = &job.parallel;
     // 128 nodes x 8 = 1,024 GPUs over tp 4 x pp 4 x cp 2: dp 32.
@@ -130,18 +131,9 @@ fn nemo_and_megatron_readers_agree() {
 #[test]
 fn launcher_config_with_resolvers() {
     let (toml, job) = import("gpt3-175b-launcher.yaml", &opts());
-    let p = preset("gpt3-175b");
     assert_eq!(job.model.ffn_hidden, 4 * 12288, "{toml}");
     assert_eq!(job.model.vocab, 50_688);
-    assert_eq!(
-        prism_core::job::Model {
-            name: p.name.clone(),
-            vocab: p.vocab,
-            ..job.model.clone()
-        },
-        p,
-        "{toml}"
-    );
+    assert_preset_but_vocab(&job.model, "gpt3-175b", &toml);
     assert_eq!(job.name, "gpt3_175b_fp8");
     assert_eq!(job.training.precision, Precision::Fp8);
     assert!(job.parallel.grad_reduce_in_bf16);
