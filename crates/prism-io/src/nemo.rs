@@ -151,7 +151,7 @@ impl MarkedEventReceiver for Flatten {
     }
 }
 
-/// A value read for a key: resolved text (`None`: null), line, and the key as written.
+/// A value read for a key: resolved text (`None`: null) and its line.
 struct Got {
     value: Option<String>,
     line: usize,
@@ -585,6 +585,30 @@ pub fn import_nemo(
              as in NeMo Framework Launcher's conf/training/*/*.yaml)",
         ));
     }
+    refuse_unmodelled(&cfg)?;
+
+    let mut r = Reader::nemo(origin);
+    let mut read: BTreeSet<String> = BTreeSet::new();
+    architecture_and_layout(&cfg, &mut r, &mut read)?;
+    precision_and_kernels(&cfg, &mut r, &mut read)?;
+    optimizer(&cfg, &mut r, &mut read)?;
+    vocabulary(&cfg, &mut r, &mut read, opts.vocab_size)?;
+    notes_and_unused(&cfg, &mut r, &mut read)?;
+
+    let mut machine = opts.machine.clone();
+    if machine.name.is_none() {
+        // The launcher's `run.name`, else NeMo's top-level `name`.
+        machine.name = ["run.name", "name"]
+            .iter()
+            .filter_map(|k| cfg.str(k).ok().flatten())
+            .map(|(n, _)| n)
+            .find(|n| !n.contains("${"));
+    }
+    build(r, &machine, origin)
+}
+
+/// Refuses the architectures Prism does not model, naming the key that shows them.
+fn refuse_unmodelled(cfg: &Config) -> Result<(), MegatronArgsError> {
     // Architectures Prism does not model.
     if cfg.has_map("model.encoder") || cfg.has_map("model.decoder") {
         return Err(cfg.err(
@@ -644,14 +668,20 @@ pub fn import_nemo(
             ));
         }
     }
+    Ok(())
+}
 
-    let mut r = Reader::nemo(origin);
-    let mut read: BTreeSet<String> = BTreeSet::new();
+/// The architecture, the parallel layout, the batch and the recomputation.
+fn architecture_and_layout(
+    cfg: &Config,
+    r: &mut Reader,
+    read: &mut BTreeSet<String>,
+) -> Result<(), MegatronArgsError> {
     for &(key, flag) in VALUES {
         r.names.insert(flag, key);
         read.insert(key.to_string());
         if let Some((v, line)) = cfg.str(key)? {
-            put(&mut r, flag, key, Some(v), line);
+            put(r, flag, key, Some(v), line);
         }
     }
     r.names.insert(
@@ -667,7 +697,7 @@ pub fn import_nemo(
     ] {
         read.insert(key.to_string());
         if let Some((v, line)) = cfg.str(key)? {
-            put(&mut r, "--seq-length", key, Some(v), line);
+            put(r, "--seq-length", key, Some(v), line);
             break;
         }
     }
@@ -675,7 +705,7 @@ pub fn import_nemo(
         r.names.insert(flag, key);
         read.insert(key.to_string());
         match cfg.bool(key)? {
-            Some((true, line)) => set(&mut r, flag, None, line, format!("{key}: true")),
+            Some((true, line)) => set(r, flag, None, line, format!("{key}: true")),
             Some((false, line)) => {
                 let at = if line == 0 {
                     "--override".to_string()
@@ -692,11 +722,11 @@ pub fn import_nemo(
         read.insert(key.to_string());
         match cfg.bool(key)? {
             Some((false, line)) => {
-                set(&mut r, flag, None, line, format!("{key}: false"));
+                set(r, flag, None, line, format!("{key}: false"));
             }
             None if !default => {
                 set(
-                    &mut r,
+                    r,
                     flag,
                     None,
                     0,
@@ -713,14 +743,14 @@ pub fn import_nemo(
         .insert("--num-query-groups", "model.num_query_groups");
     if let Some((g, line)) = cfg.str("model.num_query_groups")? {
         put(
-            &mut r,
+            r,
             "--group-query-attention",
             "model.num_query_groups",
             None,
             line,
         );
         put(
-            &mut r,
+            r,
             "--num-query-groups",
             "model.num_query_groups",
             Some(g),
@@ -734,25 +764,17 @@ pub fn import_nemo(
     if let Some((act, line)) = cfg.str("model.activation")? {
         match act.as_str() {
             "gelu" | "fast-gelu" | "openai-gelu" | "approx-gelu" | "relu" => {
-                put(&mut r, "--activation", "model.activation", Some(act), line)
+                put(r, "--activation", "model.activation", Some(act), line)
             }
-            "swiglu" | "fast-swiglu" => {
-                put(&mut r, "--swiglu", "model.activation", Some(act), line)
-            }
+            "swiglu" | "fast-swiglu" => put(r, "--swiglu", "model.activation", Some(act), line),
             "geglu" | "fast-geglu" | "reglu" | "fast-reglu" => {
                 r.notes.push(format!(
                     "model.activation: {act} (line {line}) is a gated MLP with three matrices, \
                      modelled as SwiGLU (same GEMMs; the gate's elementwise function differs)"
                 ));
-                put(&mut r, "--swiglu", "model.activation", Some(act), line);
+                put(r, "--swiglu", "model.activation", Some(act), line);
             }
-            "squared-relu" => put(
-                &mut r,
-                "--squared-relu",
-                "model.activation",
-                Some(act),
-                line,
-            ),
+            "squared-relu" => put(r, "--squared-relu", "model.activation", Some(act), line),
             other => {
                 return Err(cfg.err(
                     "model.activation",
@@ -766,6 +788,15 @@ pub fn import_nemo(
         }
     }
 
+    Ok(())
+}
+
+/// Training precision, FP8, the attention kernels and NeMo's model flavour.
+fn precision_and_kernels(
+    cfg: &Config,
+    r: &mut Reader,
+    read: &mut BTreeSet<String>,
+) -> Result<(), MegatronArgsError> {
     // Precision.
     read.insert("trainer.precision".into());
     r.names.insert("--bf16", "trainer.precision");
@@ -780,7 +811,7 @@ pub fn import_nemo(
     match precision.as_str() {
         "bf16" | "bf16-mixed" | "bf16-true" => {
             set(
-                &mut r,
+                r,
                 "--bf16",
                 None,
                 pline,
@@ -789,7 +820,7 @@ pub fn import_nemo(
         }
         "16" | "16-mixed" | "fp16" | "16-true" => {
             set(
-                &mut r,
+                r,
                 "--fp16",
                 None,
                 pline,
@@ -813,7 +844,7 @@ pub fn import_nemo(
         let hybrid = matches!(cfg.bool("model.fp8_hybrid")?, Some((true, _)));
         let format = if hybrid { "hybrid" } else { "e4m3" };
         set(
-            &mut r,
+            r,
             "--fp8-format",
             Some(format.into()),
             line,
@@ -838,7 +869,7 @@ pub fn import_nemo(
         r.names
             .insert("--attention-backend", "model.use_flash_attention");
         set(
-            &mut r,
+            r,
             "--attention-backend",
             Some("unfused".into()),
             line,
@@ -853,6 +884,15 @@ pub fn import_nemo(
         ));
     }
 
+    Ok(())
+}
+
+/// The optimizer: whether it is distributed, its overlaps and its gradient dtype.
+fn optimizer(
+    cfg: &Config,
+    r: &mut Reader,
+    read: &mut BTreeSet<String>,
+) -> Result<(), MegatronArgsError> {
     // The optimizer: NeMo's distributed optimizers and their gradient sync.
     read.insert("model.optim.name".into());
     let optim = cfg.str("model.optim.name")?;
@@ -879,7 +919,7 @@ pub fn import_nemo(
         && distributed
     {
         put(
-            &mut r,
+            r,
             "--use-distributed-optimizer",
             "model.optim.name",
             Some(name.clone()),
@@ -891,7 +931,7 @@ pub fn import_nemo(
             Some((false, _)) => {}
             Some((true, l)) => {
                 set(
-                    &mut r,
+                    r,
                     "--overlap-grad-reduce",
                     None,
                     l,
@@ -900,7 +940,7 @@ pub fn import_nemo(
             }
             None => {
                 set(
-                    &mut r,
+                    r,
                     "--overlap-grad-reduce",
                     None,
                     0,
@@ -910,7 +950,7 @@ pub fn import_nemo(
         }
         if let Some((true, l)) = cfg.bool("model.optim.overlap_param_sync")? {
             set(
-                &mut r,
+                r,
                 "--overlap-param-gather",
                 None,
                 l,
@@ -948,7 +988,7 @@ pub fn import_nemo(
     match cfg.str("model.optim.grad_sync_dtype")? {
         Some((d, l)) if matches!(d.as_str(), "bf16" | "bfloat16" | "fp16" | "float16" | "16") => {
             set(
-                &mut r,
+                r,
                 "--grad-reduce-in-bf16",
                 None,
                 l,
@@ -968,7 +1008,7 @@ pub fn import_nemo(
     // rule; NeMo's optimizers reduce in FP32 by default.
     if r.seen.contains_key("--fp16") && !r.seen.contains_key("--grad-reduce-in-bf16") {
         set(
-            &mut r,
+            r,
             "--accumulate-allreduce-grads-in-fp32",
             None,
             0,
@@ -976,6 +1016,16 @@ pub fn import_nemo(
         );
     }
 
+    Ok(())
+}
+
+/// The vocabulary: the caller's, the config's override, or the named tokenizer's.
+fn vocabulary(
+    cfg: &Config,
+    r: &mut Reader,
+    read: &mut BTreeSet<String>,
+    vocab_size: Option<u32>,
+) -> Result<(), MegatronArgsError> {
     // The vocabulary: NeMo pads the tokenizer's as Megatron does.
     read.insert("model.override_vocab_size".into());
     for key in [
@@ -987,7 +1037,8 @@ pub fn import_nemo(
     }
     r.names.insert("--vocab-size", "model.tokenizer");
     let library = cfg.str("model.tokenizer.library")?;
-    let vocab: (u32, String, usize) = if let Some(v) = opts.vocab_size {
+    let tokenizer_type = cfg.str("model.tokenizer.type")?;
+    let vocab: (u32, String, usize) = if let Some(v) = vocab_size {
         (v, format!("--vocab-size {v}"), 0)
     } else if let Some((v, line)) = cfg.str("model.override_vocab_size")? {
         let n = v.parse::<u32>().map_err(|_| {
@@ -1033,7 +1084,7 @@ pub fn import_nemo(
                 let file = cfg
                     .doc
                     .scalars
-                    .get(&format!("{prefix}model.tokenizer.model"))
+                    .get(&format!("{}model.tokenizer.model", cfg.prefix))
                     .and_then(|s| s.value.clone());
                 let what = match (lib, ty, file) {
                     (_, "", Some(m)) => format!("{lib} tokenizer model `{m}`"),
@@ -1061,6 +1112,15 @@ pub fn import_nemo(
         },
     );
 
+    Ok(())
+}
+
+/// Notes for settings Prism does not model, and the list of keys it did not read.
+fn notes_and_unused(
+    cfg: &Config,
+    r: &mut Reader,
+    read: &mut BTreeSet<String>,
+) -> Result<(), MegatronArgsError> {
     // What changes a step's time but is not read.
     for &(key, why) in NOT_MODELLED {
         read.insert(key.into());
@@ -1070,7 +1130,7 @@ pub fn import_nemo(
             }
             // A list or mapping (`rampup_batch_size: [16, 16, 1000]`).
             Some(Got { value: None, .. }) | None => {
-                let inner = format!("{prefix}{key}.");
+                let inner = format!("{}{key}.", cfg.prefix);
                 cfg.doc
                     .scalars
                     .range(inner.clone()..)
@@ -1086,7 +1146,7 @@ pub fn import_nemo(
     // Keys of `model` and `trainer` not read (nested settings such as data, optim.sched,
     // nsys_profile and the userbuffers config are left out of the list).
     for (path, s) in &cfg.doc.scalars {
-        let Some(key) = path.strip_prefix(prefix) else {
+        let Some(key) = path.strip_prefix(cfg.prefix) else {
             continue;
         };
         let top = key.split('.').next().unwrap_or("");
@@ -1100,14 +1160,5 @@ pub fn import_nemo(
         }
     }
 
-    let mut machine = opts.machine.clone();
-    if machine.name.is_none() {
-        // The launcher's `run.name`, else NeMo's top-level `name`.
-        machine.name = ["run.name", "name"]
-            .iter()
-            .filter_map(|k| cfg.str(k).ok().flatten())
-            .map(|(n, _)| n)
-            .find(|n| !n.contains("${"));
-    }
-    build(r, &machine, origin)
+    Ok(())
 }
