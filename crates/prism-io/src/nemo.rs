@@ -18,6 +18,7 @@
 //! a key Prism needs that holds one is an error naming it. Hydra-style overrides
 //! (`model.tensor_model_parallel_size=8`) are applied before reading.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use yaml_rust2::Event;
@@ -163,6 +164,9 @@ struct Config<'a> {
     /// `training.` when the file is a whole launcher config, else empty.
     prefix: &'static str,
     origin: &'a str,
+    /// Every key looked up, set or not: the other `model.*` / `trainer.*` keys are listed in
+    /// the job file as not used.
+    read: RefCell<BTreeSet<String>>,
 }
 
 impl Config<'_> {
@@ -179,8 +183,14 @@ impl Config<'_> {
         self.doc.maps.contains(&format!("{}{key}", self.prefix))
     }
 
+    /// Records `key` as read without looking it up (a setting used only when another is set).
+    fn mark_read(&self, key: &str) {
+        self.read.borrow_mut().insert(key.to_string());
+    }
+
     /// The value of `key` (relative to the training section), interpolations resolved.
     fn get(&self, key: &str) -> Result<Option<Got>, MegatronArgsError> {
+        self.mark_read(key);
         let full = format!("{}{key}", self.prefix);
         let Some(s) = self.doc.scalars.get(&full) else {
             return Ok(None);
@@ -511,6 +521,16 @@ const HF_VOCAB: &[(&str, u32)] = &[
     ("bigcode/starcoder2-tokenizer", 49_152),
 ];
 
+/// The vocabulary of a HuggingFace tokenizer NeMo's configs name: the longest prefix of
+/// [`HF_VOCAB`] that `name` starts with.
+fn hf_vocab(name: &str) -> Option<u32> {
+    HF_VOCAB
+        .iter()
+        .filter(|(p, _)| name.starts_with(p))
+        .max_by_key(|(p, _)| p.len())
+        .map(|(_, n)| *n)
+}
+
 /// Records Megatron argument `flag` as read from the config (`from` names the key and value).
 fn set(
     r: &mut Reader,
@@ -576,6 +596,7 @@ pub fn import_nemo(
         doc,
         prefix,
         origin,
+        read: RefCell::default(),
     };
     if !cfg.has_map("model") {
         return Err(cfg.err(
@@ -588,12 +609,11 @@ pub fn import_nemo(
     refuse_unmodelled(&cfg)?;
 
     let mut r = Reader::nemo(origin);
-    let mut read: BTreeSet<String> = BTreeSet::new();
-    architecture_and_layout(&cfg, &mut r, &mut read)?;
-    precision_and_kernels(&cfg, &mut r, &mut read)?;
-    optimizer(&cfg, &mut r, &mut read)?;
-    vocabulary(&cfg, &mut r, &mut read, opts.vocab_size)?;
-    notes_and_unused(&cfg, &mut r, &mut read)?;
+    architecture_and_layout(&cfg, &mut r)?;
+    precision_and_kernels(&cfg, &mut r)?;
+    optimizer(&cfg, &mut r)?;
+    vocabulary(&cfg, &mut r, opts.vocab_size)?;
+    notes_and_unused(&cfg, &mut r)?;
 
     let mut machine = opts.machine.clone();
     if machine.name.is_none() {
@@ -672,14 +692,9 @@ fn refuse_unmodelled(cfg: &Config) -> Result<(), MegatronArgsError> {
 }
 
 /// The architecture, the parallel layout, the batch and the recomputation.
-fn architecture_and_layout(
-    cfg: &Config,
-    r: &mut Reader,
-    read: &mut BTreeSet<String>,
-) -> Result<(), MegatronArgsError> {
+fn architecture_and_layout(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
     for &(key, flag) in VALUES {
         r.names.insert(flag, key);
-        read.insert(key.to_string());
         if let Some((v, line)) = cfg.str(key)? {
             put(r, flag, key, Some(v), line);
         }
@@ -695,7 +710,6 @@ fn architecture_and_layout(
         "model.seq_length",
         "model.data.seq_length",
     ] {
-        read.insert(key.to_string());
         if let Some((v, line)) = cfg.str(key)? {
             put(r, "--seq-length", key, Some(v), line);
             break;
@@ -703,7 +717,6 @@ fn architecture_and_layout(
     }
     for &(key, flag) in SWITCHES {
         r.names.insert(flag, key);
-        read.insert(key.to_string());
         match cfg.bool(key)? {
             Some((true, line)) => set(r, flag, None, line, format!("{key}: true")),
             Some((false, line)) => {
@@ -719,7 +732,6 @@ fn architecture_and_layout(
     }
     for &(key, flag, default) in NEGATED {
         r.names.insert(flag, key);
-        read.insert(key.to_string());
         match cfg.bool(key)? {
             Some((false, line)) => {
                 set(r, flag, None, line, format!("{key}: false"));
@@ -738,7 +750,6 @@ fn architecture_and_layout(
     }
 
     // Grouped-query attention.
-    read.insert("model.num_query_groups".into());
     r.names
         .insert("--num-query-groups", "model.num_query_groups");
     if let Some((g, line)) = cfg.str("model.num_query_groups")? {
@@ -759,7 +770,6 @@ fn architecture_and_layout(
     }
 
     // The MLP.
-    read.insert("model.activation".into());
     r.names.insert("--swiglu", "model.activation");
     if let Some((act, line)) = cfg.str("model.activation")? {
         match act.as_str() {
@@ -792,13 +802,8 @@ fn architecture_and_layout(
 }
 
 /// Training precision, FP8, the attention kernels and NeMo's model flavour.
-fn precision_and_kernels(
-    cfg: &Config,
-    r: &mut Reader,
-    read: &mut BTreeSet<String>,
-) -> Result<(), MegatronArgsError> {
+fn precision_and_kernels(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
     // Precision.
-    read.insert("trainer.precision".into());
     r.names.insert("--bf16", "trainer.precision");
     r.names.insert("--fp16", "trainer.precision");
     let (precision, pline) = cfg.str("trainer.precision")?.ok_or_else(|| {
@@ -837,9 +842,8 @@ fn precision_and_kernels(
             ));
         }
     }
-    read.insert("model.fp8".into());
-    read.insert("model.fp8_hybrid".into());
     r.names.insert("--fp8-format", "model.fp8");
+    cfg.mark_read("model.fp8_hybrid");
     if let Some((true, line)) = cfg.bool("model.fp8")? {
         let hybrid = matches!(cfg.bool("model.fp8_hybrid")?, Some((true, _)));
         let format = if hybrid { "hybrid" } else { "e4m3" };
@@ -851,7 +855,6 @@ fn precision_and_kernels(
             format!("model.fp8: true, fp8_hybrid: {hybrid}"),
         );
     }
-    read.insert("model.megatron_amp_O2".into());
     if let Some((false, line)) = cfg.bool("model.megatron_amp_O2")? {
         r.notes.push(format!(
             "model.megatron_amp_O2: false (line {line}): NeMo's O1 keeps FP32 parameters under \
@@ -860,8 +863,6 @@ fn precision_and_kernels(
     }
 
     // Attention kernels.
-    read.insert("model.use_flash_attention".into());
-    read.insert("model.transformer_engine".into());
     let te = !matches!(cfg.bool("model.transformer_engine")?, Some((false, _)));
     if let Some((false, line)) = cfg.bool("model.use_flash_attention")?
         && !te
@@ -876,7 +877,6 @@ fn precision_and_kernels(
             "model.use_flash_attention: false, transformer_engine: false",
         );
     }
-    read.insert("model.mcore_gpt".into());
     if let Some((false, line)) = cfg.bool("model.mcore_gpt")? {
         r.notes.push(format!(
             "model.mcore_gpt: false (line {line}): NeMo's legacy (Apex) GPT; Prism models \
@@ -888,13 +888,8 @@ fn precision_and_kernels(
 }
 
 /// The optimizer: whether it is distributed, its overlaps and its gradient dtype.
-fn optimizer(
-    cfg: &Config,
-    r: &mut Reader,
-    read: &mut BTreeSet<String>,
-) -> Result<(), MegatronArgsError> {
+fn optimizer(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
     // The optimizer: NeMo's distributed optimizers and their gradient sync.
-    read.insert("model.optim.name".into());
     let optim = cfg.str("model.optim.name")?;
     r.names
         .insert("--use-distributed-optimizer", "model.optim.name");
@@ -904,85 +899,81 @@ fn optimizer(
         .insert("--overlap-param-gather", "model.optim.overlap_param_sync");
     r.names
         .insert("--grad-reduce-in-bf16", "model.optim.grad_sync_dtype");
-    for key in [
-        "model.optim.overlap_grad_sync",
-        "model.optim.overlap_param_sync",
-        "model.optim.grad_sync_dtype",
-    ] {
-        read.insert(key.into());
-    }
-    let distributed = matches!(
-        optim.as_ref().map(|(n, _)| n.as_str()),
-        Some("distributed_fused_adam" | "mcore_distributed_optim")
-    );
-    if let Some((name, line)) = &optim
-        && distributed
-    {
-        put(
-            r,
-            "--use-distributed-optimizer",
-            "model.optim.name",
-            Some(name.clone()),
-            *line,
-        );
-        // Apex's DistributedFusedAdam overlaps the gradient sync unless told not to, and the
-        // parameter sync only when asked.
-        match cfg.bool("model.optim.overlap_grad_sync")? {
-            Some((false, _)) => {}
-            Some((true, l)) => {
+    match &optim {
+        Some((name, line))
+            if matches!(
+                name.as_str(),
+                "distributed_fused_adam" | "mcore_distributed_optim"
+            ) =>
+        {
+            put(
+                r,
+                "--use-distributed-optimizer",
+                "model.optim.name",
+                Some(name.clone()),
+                *line,
+            );
+            // Apex's DistributedFusedAdam overlaps the gradient sync unless told not to, and the
+            // parameter sync only when asked.
+            match cfg.bool("model.optim.overlap_grad_sync")? {
+                Some((false, _)) => {}
+                Some((true, l)) => {
+                    set(
+                        r,
+                        "--overlap-grad-reduce",
+                        None,
+                        l,
+                        "model.optim.overlap_grad_sync: true",
+                    );
+                }
+                None => {
+                    set(
+                        r,
+                        "--overlap-grad-reduce",
+                        None,
+                        0,
+                        format!("{name}'s default (overlap_grad_sync)"),
+                    );
+                }
+            }
+            if let Some((true, l)) = cfg.bool("model.optim.overlap_param_sync")? {
                 set(
                     r,
-                    "--overlap-grad-reduce",
+                    "--overlap-param-gather",
                     None,
                     l,
-                    "model.optim.overlap_grad_sync: true",
+                    "model.optim.overlap_param_sync: true",
                 );
             }
-            None => {
-                set(
-                    r,
-                    "--overlap-grad-reduce",
-                    None,
-                    0,
-                    format!("{name}'s default (overlap_grad_sync)"),
-                );
-            }
-        }
-        if let Some((true, l)) = cfg.bool("model.optim.overlap_param_sync")? {
-            set(
-                r,
-                "--overlap-param-gather",
-                None,
-                l,
-                "model.optim.overlap_param_sync: true",
-            );
-        }
-        if name == "distributed_fused_adam" {
-            r.extra_keys.push((
-                "parallel",
-                "dp_buckets_every_stage",
-                toml::Value::Boolean(true),
-                format!(
-                    "model.optim.name: {name} (line {line}): Apex's DistributedFusedAdam \
+            if name == "distributed_fused_adam" {
+                r.extra_keys.push((
+                    "parallel",
+                    "dp_buckets_every_stage",
+                    toml::Value::Boolean(true),
+                    format!(
+                        "model.optim.name: {name} (line {line}): Apex's DistributedFusedAdam \
                      reduces each bucket as backward fills it, on every pipeline stage"
-                ),
+                    ),
+                ));
+            }
+        }
+        Some((name, line)) => {
+            for flag in [
+                "--use-distributed-optimizer",
+                "--overlap-grad-reduce",
+                "--overlap-param-gather",
+            ] {
+                r.off.insert(
+                    flag,
+                    format!("model.optim.name: {name} (line {line}): not a distributed optimizer"),
+                );
+            }
+            r.notes.push(format!(
+                "model.optim.name: {name} (line {line}): not a distributed optimizer; the gradient \
+             all-reduce is taken as not overlapped with backward"
             ));
         }
-    } else if let Some((name, line)) = &optim {
-        for flag in [
-            "--use-distributed-optimizer",
-            "--overlap-grad-reduce",
-            "--overlap-param-gather",
-        ] {
-            r.off.insert(
-                flag,
-                format!("model.optim.name: {name} (line {line}): not a distributed optimizer"),
-            );
-        }
-        r.notes.push(format!(
-            "model.optim.name: {name} (line {line}): not a distributed optimizer; the gradient \
-             all-reduce is taken as not overlapped with backward"
-        ));
+        None => {}
     }
     // Gradients are reduced in the optimizer's sync dtype (FP32 unless said).
     match cfg.str("model.optim.grad_sync_dtype")? {
@@ -1023,18 +1014,10 @@ fn optimizer(
 fn vocabulary(
     cfg: &Config,
     r: &mut Reader,
-    read: &mut BTreeSet<String>,
     vocab_size: Option<u32>,
 ) -> Result<(), MegatronArgsError> {
     // The vocabulary: NeMo pads the tokenizer's as Megatron does.
-    read.insert("model.override_vocab_size".into());
-    for key in [
-        "model.tokenizer.library",
-        "model.tokenizer.type",
-        "model.tokenizer.model",
-    ] {
-        read.insert(key.into());
-    }
+    cfg.mark_read("model.override_vocab_size");
     r.names.insert("--vocab-size", "model.tokenizer");
     let library = cfg.str("model.tokenizer.library")?;
     let tokenizer_type = cfg.str("model.tokenizer.type")?;
@@ -1060,25 +1043,22 @@ fn vocabulary(
             .or(library.as_ref())
             .map(|(_, l)| *l)
             .unwrap_or(0);
-        match (lib, ty) {
-            ("megatron", "GPT2BPETokenizer") => (
+        let hf = if lib == "huggingface" {
+            hf_vocab(ty)
+        } else {
+            None
+        };
+        match (lib, ty, hf) {
+            ("megatron", "GPT2BPETokenizer", _) => (
                 50_257,
                 "model.tokenizer: megatron GPT2BPETokenizer, 50,257 tokens".into(),
                 line,
             ),
-            ("huggingface", t) if HF_VOCAB.iter().any(|(p, _)| t.starts_with(p)) => {
-                let n = HF_VOCAB
-                    .iter()
-                    .filter(|(p, _)| t.starts_with(p))
-                    .max_by_key(|(p, _)| p.len())
-                    .map(|(_, n)| *n)
-                    .unwrap_or(0);
-                (
-                    n,
-                    format!("model.tokenizer: huggingface {t}, {n} tokens"),
-                    line,
-                )
-            }
+            (_, t, Some(n)) => (
+                n,
+                format!("model.tokenizer: huggingface {t}, {n} tokens"),
+                line,
+            ),
             _ => {
                 // The tokenizer file is only named: it may hold launcher variables.
                 let file = cfg
@@ -1116,14 +1096,9 @@ fn vocabulary(
 }
 
 /// Notes for settings Prism does not model, and the list of keys it did not read.
-fn notes_and_unused(
-    cfg: &Config,
-    r: &mut Reader,
-    read: &mut BTreeSet<String>,
-) -> Result<(), MegatronArgsError> {
+fn notes_and_unused(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
     // What changes a step's time but is not read.
     for &(key, why) in NOT_MODELLED {
-        read.insert(key.into());
         let active = match cfg.get(key)? {
             Some(Got { value: Some(v), .. }) => {
                 !matches!(v.to_ascii_lowercase().as_str(), "false" | "0" | "")
@@ -1153,7 +1128,7 @@ fn notes_and_unused(
         let depth = key.matches('.').count();
         if (top == "model" || top == "trainer")
             && depth == 1
-            && !read.contains(key)
+            && !cfg.read.borrow().contains(key)
             && s.value.is_some()
         {
             r.unused.insert(key.to_string());
