@@ -616,6 +616,16 @@ pub struct Training {
     /// default `optimizer_state_dtype` is then `"bf16"`). See
     /// [`Job::optimizer_bytes_per_param`] and [`Job::adam_step_bytes_per_param`].
     pub master_weights: bool,
+    /// The FP32 master weights stored as remainders: only the 16 low bits of each master
+    /// weight are kept, the 16 high bits being the BF16 weight itself, 2 bytes per parameter
+    /// instead of 4. Apex's `DistributedFusedAdam` with `store_param_remainders` (NeMo 1.x sets
+    /// it for a BF16 model under `megatron_amp_O2` with `distributed_fused_adam` and an FP32
+    /// optimizer, `megatron_base_model.py` since October 2022) and Transformer Engine's
+    /// `FusedAdam` under Megatron-Core's `--use-precision-aware-optimizer` (its
+    /// `store_param_remainders` is on by default since February 2025). Needs
+    /// [`Training::master_weights`], BF16 weights (not FP16, not FP8 ones) and ZeRO below
+    /// stage 3. See [`Job::optimizer_bytes_per_param`] and [`Job::adam_step_bytes_per_param`].
+    pub master_weight_remainders: bool,
 }
 
 /// How expert-parallel tokens are exchanged.
@@ -1123,13 +1133,15 @@ impl Job {
 
     /// Bytes per parameter of the optimizer state a rank keeps for the parameters it updates:
     /// Adam's two moments (4 + 4 in FP32, 2 + 2 in BF16) and, with
-    /// [`Training::master_weights`], the FP32 master weight (4).
+    /// [`Training::master_weights`], the FP32 master weight (4), or its low half (2) with
+    /// [`Training::master_weight_remainders`].
     pub fn optimizer_bytes_per_param(&self) -> u64 {
-        let state = self.training.memory_saving.optimizer_state;
-        if self.training.master_weights {
-            state.bytes_per_param()
-        } else {
-            state.moment_bytes()
+        let t = &self.training;
+        let state = t.memory_saving.optimizer_state;
+        match (t.master_weights, t.master_weight_remainders) {
+            (false, _) => state.moment_bytes(),
+            (true, false) => state.bytes_per_param(),
+            (true, true) => 2 + state.moment_bytes(),
         }
     }
 
@@ -1138,12 +1150,18 @@ impl Job {
     /// read and written, both moments read and written, the BF16 weight written: 30, or 22
     /// with BF16 moments). Without: the BF16 gradient (2), the BF16 weight read and written
     /// (4) and both moments read and written (16 in FP32, 8 in BF16): 22 or 14.
+    ///
+    /// With [`Training::master_weight_remainders`] the step rebuilds each FP32 master weight
+    /// from the BF16 weight and its remainder and splits it again: the FP32 gradient (4), the
+    /// BF16 weight and the remainder each read and written (8) and both moments: 28, or 20
+    /// with BF16 moments (Apex's `multi_tensor_fused_adam_with_param_remainders`).
     pub fn adam_step_bytes_per_param(&self) -> u64 {
-        let state = self.training.memory_saving.optimizer_state;
-        if self.training.master_weights {
-            state.step_bytes_per_param()
-        } else {
-            2 + 4 + 2 * state.moment_bytes()
+        let t = &self.training;
+        let state = t.memory_saving.optimizer_state;
+        match (t.master_weights, t.master_weight_remainders) {
+            (false, _) => 2 + 4 + 2 * state.moment_bytes(),
+            (true, false) => state.step_bytes_per_param(),
+            (true, true) => 4 + 8 + 2 * state.moment_bytes(),
         }
     }
 
@@ -1306,6 +1324,37 @@ impl Job {
                     format!(
                         "\"selective-op\" (torchtitan's per-op checkpointing) is modelled for dense \
                          layers with fused attention; not with {why}"
+                    ),
+                ));
+            }
+        }
+        if t.master_weight_remainders {
+            let why = if !t.master_weights {
+                Some("training.master_weights = false: there is no master weight to split")
+            } else if t.precision == Precision::Fp16 {
+                Some(
+                    "training.precision = \"fp16\": an FP16 weight is not the high half of an \
+                     FP32 one (only BF16 is)",
+                )
+            } else if p.fp8_param_gather {
+                Some(
+                    "parallel.fp8_param_gather: the weights are FP8, so the master weight is kept \
+                     whole",
+                )
+            } else if p.zero_stage >= 3 {
+                Some(
+                    "parallel.zero_stage = 3: no BF16 weight shard is held beside the master \
+                     shard to rebuild it from",
+                )
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(JobError::new(
+                    "training.master_weight_remainders",
+                    format!(
+                        "keeps the low 16 bits of each FP32 master weight beside its BF16 weight; \
+                         not with {why}"
                     ),
                 ));
             }
@@ -2049,6 +2098,7 @@ pub mod fixtures {
                 attention_backend: AttentionBackend::Cudnn,
                 fp8_weight_cache: true,
                 master_weights: true,
+                master_weight_remainders: false,
             },
         }
     }

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | BF16 weights | 2 | tp (and ep for experts) |
 //! | main gradients: FP32 (Megatron accumulates and reduces BF16 jobs' gradients in FP32), 16-bit where Megatron reduces in 16 bits (FP16 jobs, `grad_reduce_in_bf16`) | 4 or 2 ([`Job::grad_accum_bytes`]) | tp (ep), and with ZeRO-2/3 also dp x cp |
-//! | FP32 master weights + Adam first and second moments | 4 + 4 + 4 = 12 | tp (ep), and with the distributed optimizer also dp x cp (experts: dp / ep x cp) |
+//! | FP32 master weights + Adam first and second moments | 4 + 4 + 4 = 12 (2 + 4 + 4 with the masters kept as remainders, [`crate::job::Training::master_weight_remainders`]) | tp (ep), and with the distributed optimizer also dp x cp (experts: dp / ep x cp) |
 //!
 //! A BF16 model trained without master weights ([`crate::job::Training::master_weights`] off:
 //! PyTorch optimizers on a model cast to BF16) holds BF16 gradients (2) and only the moments

@@ -469,3 +469,118 @@ fn bf16_model_without_master_weights_shards_its_moments() {
         assert_eq!(m.gradients, 2 * ps.total());
     }
 }
+
+/// Truth, per parameter a rank updates: FP32 master weights kept as remainders (Apex's
+/// `store_param_remainders`, Transformer Engine's `FusedAdam` under Megatron-Core's
+/// precision-aware optimizer) hold the low 16 bits of each master weight, 2 bytes instead of
+/// 4: optimizer state 2 + 8 = 10 bytes (2 + 4 = 6 with BF16 moments) against 12 (8). The step
+/// reads the FP32 gradient (4), reads and writes the BF16 weight and the remainder (8) and both
+/// moments (16 or 8): 28 (20) against 30 (22). Weights, gradients and activations do not
+/// change, and the step, memory-bound, gets no slower.
+#[test]
+fn master_weight_remainders_halve_the_master_copy() {
+    let mut job = small_deepseek_job(2, 1, 2, 16, 4);
+    job.parallel.set_distributed_optimizer(false);
+    for (moments, full, halves, full_step, halves_step) in [
+        (OptimizerStateDtype::Fp32, 12, 10, 30, 28),
+        (OptimizerStateDtype::Bf16, 8, 6, 22, 20),
+    ] {
+        let mut mixed = job.clone();
+        mixed.training.memory_saving.optimizer_state = moments;
+        let mixed = valid(mixed);
+        let mut rem = mixed.clone();
+        rem.training.master_weight_remainders = true;
+        let rem = valid(rem);
+        assert_eq!(
+            (
+                mixed.optimizer_bytes_per_param(),
+                rem.optimizer_bytes_per_param()
+            ),
+            (full, halves)
+        );
+        assert_eq!(
+            (
+                mixed.adam_step_bytes_per_param(),
+                rem.adam_step_bytes_per_param()
+            ),
+            (full_step, halves_step)
+        );
+        let steps = (optimizer_step_bytes(&mixed), optimizer_step_bytes(&rem));
+        for s in 0..mixed.parallel.pp {
+            let params = memory::stage_params(&mixed, s).total();
+            let (a, b) = (
+                memory::stage_memory(&mixed, s),
+                memory::stage_memory(&rem, s),
+            );
+            assert_eq!((a.weights, a.gradients), (b.weights, b.gradients));
+            assert_eq!(a.activations, b.activations);
+            assert_eq!(
+                (a.optimizer, b.optimizer),
+                (full * params, halves * params),
+                "{moments:?}, stage {s}"
+            );
+            assert_eq!(
+                (steps.0[s as usize], steps.1[s as usize]),
+                (full_step * params, halves_step * params)
+            );
+        }
+        let t0 = simulate(&mixed, &SimOptions::default()).unwrap();
+        let t1 = simulate(&rem, &SimOptions::default()).unwrap();
+        assert!(t1.summary.iteration_time_s <= t0.summary.iteration_time_s);
+    }
+    // Under the distributed optimizer the 10 bytes are sharded like the full state.
+    job.parallel.set_distributed_optimizer(true);
+    job.training.master_weight_remainders = true;
+    let job = valid(job);
+    let p = &job.parallel;
+    let (dp, edp) = (
+        p.dp as u64 * p.cp as u64,
+        (p.dp / p.ep) as u64 * p.cp as u64,
+    );
+    for s in 0..p.pp {
+        let ps = memory::stage_params(&job, s);
+        let m = memory::stage_memory(&job, s);
+        assert_eq!(
+            m.optimizer,
+            (10 * ps.dense).div_ceil(dp) + (10 * ps.expert).div_ceil(edp)
+        );
+    }
+}
+
+/// The remainders are the low half of an FP32 master weight whose high half is a BF16 weight
+/// held beside it: refused without master weights, with FP16 or FP8 weights, and under ZeRO-3,
+/// each error naming the key and the setting that rules it out.
+#[test]
+fn master_weight_remainders_rules() {
+    let base = {
+        let mut j = small_deepseek_job(2, 1, 2, 16, 4);
+        j.parallel.set_distributed_optimizer(true);
+        j.training.master_weight_remainders = true;
+        valid(j)
+    };
+    let mut cases: Vec<(Job, &str)> = Vec::new();
+    let mut j = base.clone();
+    j.training.master_weights = false;
+    cases.push((j, "training.master_weights = false"));
+    let mut j = base.clone();
+    j.training.precision = Precision::Fp16;
+    cases.push((j, "\"fp16\""));
+    let mut j = base.clone();
+    j.training.precision = Precision::Fp8;
+    j.parallel.fp8_param_gather = true;
+    cases.push((j, "parallel.fp8_param_gather"));
+    let mut j = base.clone();
+    j.parallel.zero_stage = 3;
+    cases.push((j, "parallel.zero_stage = 3"));
+    for (job, why) in cases {
+        let e = job.validate().expect_err(why).to_string();
+        assert!(
+            e.contains("training.master_weight_remainders") && e.contains(why),
+            "{e}"
+        );
+    }
+    // FP8 GEMMs on BF16 weights keep them.
+    let mut j = base.clone();
+    j.training.precision = Precision::Fp8;
+    valid(j);
+}

@@ -378,6 +378,7 @@ const TRAINING_FIELDS: &[Field] = &[
     fld("fp8_weight_cache", Ty::Bool),
     fld("optimizer_state_dtype", Ty::Str),
     fld("master_weights", Ty::Bool),
+    fld("master_weight_remainders", Ty::Bool),
 ];
 
 const COST_FIELDS: &[Field] = &[fld("kernel_table", Ty::Str)];
@@ -2562,6 +2563,7 @@ fn build_training(
             &prism_core::job::AttentionBackend::NAMES,
         )?
         .unwrap_or_default();
+    let master_weight_remainders = g.bool("master_weight_remainders")?.unwrap_or(false);
     Ok(Training {
         global_batch,
         precision,
@@ -2572,6 +2574,7 @@ fn build_training(
         attention_backend,
         fp8_weight_cache,
         master_weights,
+        master_weight_remainders,
     })
 }
 

@@ -201,6 +201,12 @@ const READ: &[(&str, Arity)] = &[
     ("--fp16", Arity::Switch),
     ("--fp8-format", Arity::Value),
     ("--fp8-param-gather", Arity::Switch),
+    ("--fp8-recipe", Arity::Value),
+    ("--use-precision-aware-optimizer", Arity::Switch),
+    ("--main-params-dtype", Arity::Value),
+    ("--main-grads-dtype", Arity::Value),
+    ("--exp-avg-dtype", Arity::Value),
+    ("--exp-avg-sq-dtype", Arity::Value),
     ("--use-flash-attn", Arity::Switch),
     ("--attention-backend", Arity::Value),
     // torchrun (both spellings).
@@ -254,6 +260,83 @@ const NOT_MODELLED: &[(&str, &str)] = &[
         "Megatron-FSDP is not read from a Megatron script (set parallel.zero_stage = 3)",
     ),
 ];
+
+/// What Megatron-Core's precision-aware optimizer arguments say.
+#[derive(Clone, Copy, Debug, Default)]
+struct OptimDtypes {
+    /// `--use-precision-aware-optimizer`.
+    aware: bool,
+    /// `--main-grads-dtype bf16`: gradients accumulated and reduced in BF16.
+    main_grads_bf16: bool,
+    /// `--main-params-dtype fp16`: a 16-bit master copy (not modelled; noted).
+    main_params_16: bool,
+    /// Both Adam moments in 16 bits (`--exp-avg-dtype`, `--exp-avg-sq-dtype`).
+    state_bf16: bool,
+}
+
+/// Megatron-Core's precision-aware optimizer (`--use-precision-aware-optimizer`, Transformer
+/// Engine's FusedAdam) and the dtypes it allows; without it OptimizerConfig refuses any of
+/// them but FP32, and so does this reader.
+fn precision_aware_optimizer(r: &mut Reader) -> Result<OptimDtypes, MegatronArgsError> {
+    let aware = r.has("--use-precision-aware-optimizer");
+    let dtype = |flag: &'static str, allowed: &[&str]| -> Result<u8, MegatronArgsError> {
+        let Some(v) = r.str(flag) else {
+            return Ok(4);
+        };
+        let bytes = match v {
+            "fp32" => 4,
+            "fp16" | "bf16" => 2,
+            "fp8" => 1,
+            _ => 0,
+        };
+        if bytes == 0 || !allowed.contains(&v) {
+            return Err(r.err(
+                flag,
+                r.line(flag),
+                format!("`{v}` is not one of {}", allowed.join(", ")),
+            ));
+        }
+        if bytes != 4 && !aware {
+            return Err(r.err(
+                flag,
+                r.line(flag),
+                format!(
+                    "`{v}` needs --use-precision-aware-optimizer (Megatron-Core's OptimizerConfig \
+                     allows only fp32 without it)"
+                ),
+            ));
+        }
+        Ok(bytes)
+    };
+    let grads = dtype("--main-grads-dtype", &["fp32", "bf16"])?;
+    let params = dtype("--main-params-dtype", &["fp32", "fp16"])?;
+    let avg = dtype("--exp-avg-dtype", &["fp32", "fp16", "bf16", "fp8"])?;
+    let avg_sq = dtype("--exp-avg-sq-dtype", &["fp32", "fp16", "bf16", "fp8"])?;
+    if params == 2 {
+        r.notes.push(
+            "--main-params-dtype fp16: an FP16 master copy is not modelled; Prism keeps FP32 \
+             master weights (4 bytes per parameter)"
+                .into(),
+        );
+    }
+    if avg != avg_sq || avg == 1 {
+        r.notes.push(format!(
+            "--exp-avg-dtype / --exp-avg-sq-dtype: Prism keeps both Adam moments in one type; \
+             they are counted as {}",
+            if avg.max(avg_sq) == 4 {
+                "FP32 (4 bytes each)"
+            } else {
+                "16-bit (2 bytes each)"
+            }
+        ));
+    }
+    Ok(OptimDtypes {
+        aware,
+        main_grads_bf16: grads == 2,
+        main_params_16: params == 2,
+        state_bf16: avg.max(avg_sq) <= 2,
+    })
+}
 
 /// An `if` being read: whether the current branch runs (`None`: its test could not be
 /// evaluated) and whether an earlier branch ran.
@@ -1450,6 +1533,7 @@ pub(crate) fn build(
     ] {
         out.put_arg(&r, "parallel", key, b(r.has(flag)), flag);
     }
+    let optim = precision_aware_optimizer(&mut r)?;
     // Megatron reduces BF16 gradients in FP32 unless --grad-reduce-in-bf16, and FP16 gradients
     // in FP16 unless --accumulate-allreduce-grads-in-fp32.
     if r.has("--fp16") && !r.has("--bf16") {
@@ -1463,6 +1547,14 @@ pub(crate) fn build(
             } else {
                 "--fp16 without --accumulate-allreduce-grads-in-fp32: 16-bit gradients".into()
             },
+        );
+    } else if optim.main_grads_bf16 {
+        out.put_arg(
+            &r,
+            "parallel",
+            "grad_reduce_in_bf16",
+            b(true),
+            "--main-grads-dtype",
         );
     } else {
         out.put_arg(
@@ -1621,6 +1713,57 @@ pub(crate) fn build(
             )
         },
     );
+    if precision == "fp8" {
+        match r.str("--fp8-recipe") {
+            None | Some("delayed") | Some("tensorwise") => {}
+            Some(recipe @ ("blockwise" | "mxfp8")) => {
+                out.put_arg(&r, "training", "fp8_recipe", s(recipe), "--fp8-recipe");
+            }
+            Some(other) => {
+                return Err(r.err(
+                    "--fp8-recipe",
+                    r.line("--fp8-recipe"),
+                    format!(
+                        "`{other}` is not a recipe Prism models (delayed, tensorwise, blockwise, \
+                         mxfp8)"
+                    ),
+                ));
+            }
+        }
+    }
+    if optim.state_bf16 {
+        out.put(
+            "training",
+            "optimizer_state_dtype",
+            s("bf16"),
+            &src(&r, "--exp-avg-dtype"),
+        );
+    }
+    // Transformer Engine's FusedAdam keeps the master weights as remainders beside BF16
+    // weights, unless Megatron-Core manages FP32 masters itself (FP8 recipes other than
+    // delayed scaling, `use_precision_aware_optimizer_no_fp8_or_ds_fp8` in OptimizerConfig).
+    if optim.aware
+        && !optim.main_params_16
+        && precision != "fp16"
+        && r.has("--bf16")
+        && !r.has("--fp8-param-gather")
+        && !(precision == "fp8"
+            && matches!(
+                r.str("--fp8-recipe"),
+                Some("tensorwise" | "blockwise" | "mxfp8")
+            ))
+    {
+        out.put(
+            "training",
+            "master_weight_remainders",
+            b(true),
+            &format!(
+                "{}: Transformer Engine's FusedAdam stores the FP32 master weights' low 16 bits \
+                 (store_param_remainders, on since Megatron-Core of February 2025 with TE 2.1)",
+                src(&r, "--use-precision-aware-optimizer")
+            ),
+        );
+    }
     match r.str("--attention-backend") {
         Some("unfused") | Some("local") => {
             out.put_arg(

@@ -946,6 +946,7 @@ fn optimizer(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
                 );
             }
             if name == "distributed_fused_adam" {
+                master_copy(cfg, r)?;
                 r.extra_keys.push((
                     "parallel",
                     "dp_buckets_every_stage",
@@ -1007,6 +1008,106 @@ fn optimizer(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
         );
     }
 
+    Ok(())
+}
+
+/// How Apex's DistributedFusedAdam keeps the master weights, as NeMo sets it up
+/// (`MegatronBaseModel.setup_optimization`, the same from October 2022 to NeMo 2.0): an
+/// optimizer in the model's own 16-bit type keeps no master copy; an FP32 optimizer (the
+/// default) on a BF16 model under `megatron_amp_O2` keeps only the low 16 bits of each master
+/// weight (`store_param_remainders`), unless the weights are FP8 (`fp8_params`: whole FP32
+/// masters) or the config sets `store_params` / `store_param_remainders` itself.
+fn master_copy(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
+    let dtype = cfg.str("model.optim.dtype")?;
+    let optim16 = match &dtype {
+        None => None,
+        Some((d, l)) => match d.as_str() {
+            "fp32" | "float32" | "32" | "torch.float32" => None,
+            "bf16" | "bfloat16" | "torch.bfloat16" => Some(("bf16", *l)),
+            "fp16" | "float16" | "16" | "half" | "torch.float16" => Some(("fp16", *l)),
+            other => {
+                return Err(cfg.err(
+                    "model.optim.dtype",
+                    Some(*l),
+                    format!("`{other}` is not one of fp32, bf16, fp16"),
+                ));
+            }
+        },
+    };
+    let o2 = matches!(cfg.bool("model.megatron_amp_O2")?, Some((true, _)));
+    let model16 = if !o2 {
+        None
+    } else if r.seen.contains_key("--bf16") {
+        Some("bf16")
+    } else if r.seen.contains_key("--fp16") {
+        Some("fp16")
+    } else {
+        None
+    };
+    let fp8_params = matches!(cfg.bool("model.fp8_params")?, Some((true, _)));
+    let store_params = cfg.bool("model.optim.store_params")?;
+    let remainders = cfg.bool("model.optim.store_param_remainders")?;
+    match (optim16, model16) {
+        (Some((d, line)), Some(m)) if d == m && !matches!(store_params, Some((true, _))) => {
+            let why = format!(
+                "model.optim.dtype: {d} (line {line}): DistributedFusedAdam in the model's own \
+                 type keeps no master copy (store_params off) and its moments in {d}"
+            );
+            r.extra_keys.push((
+                "training",
+                "master_weights",
+                toml::Value::Boolean(false),
+                why.clone(),
+            ));
+            r.extra_keys.push((
+                "training",
+                "optimizer_state_dtype",
+                toml::Value::String("bf16".into()),
+                why,
+            ));
+            // Apex syncs gradients in the optimizer's type unless told otherwise.
+            if cfg.str("model.optim.grad_sync_dtype")?.is_none() {
+                set(
+                    r,
+                    "--grad-reduce-in-bf16",
+                    None,
+                    line,
+                    format!(
+                        "model.optim.dtype: {d}: DistributedFusedAdam's grad_sync_dtype defaults \
+                         to its dtype"
+                    ),
+                );
+            }
+        }
+        (Some((d, line)), _) => {
+            r.notes.push(format!(
+                "model.optim.dtype: {d} (line {line}): 16-bit optimizer state beside weights of \
+                 another type is not modelled; Prism keeps FP32 master weights and moments"
+            ));
+        }
+        (None, Some("bf16")) if !fp8_params => {
+            let why = match (store_params, remainders) {
+                (None, _) => Some(
+                    "model.optim.name: distributed_fused_adam with megatron_amp_O2 and BF16: NeMo \
+                     sets store_param_remainders (the FP32 master weights' low 16 bits)"
+                        .to_string(),
+                ),
+                (Some((false, _)), Some((true, l))) => Some(format!(
+                    "model.optim.store_param_remainders: true (line {l})"
+                )),
+                _ => None,
+            };
+            if let Some(why) = why {
+                r.extra_keys.push((
+                    "training",
+                    "master_weight_remainders",
+                    toml::Value::Boolean(true),
+                    why,
+                ));
+            }
+        }
+        _ => {}
+    }
     Ok(())
 }
 

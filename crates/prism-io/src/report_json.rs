@@ -167,6 +167,10 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     if !job.training.master_weights {
         v["parallel"]["master_weights"] = json!(false);
     }
+    // FP32 master weights kept as their low halves beside the BF16 weights, listed only then.
+    if job.training.master_weight_remainders {
+        v["parallel"]["master_weight_remainders"] = json!(true);
+    }
     // FP8 weight gathers, listed only when on.
     if job.parallel.fp8_param_gather {
         v["parallel"]["fp8_param_gather"] = json!(true);

@@ -2488,6 +2488,58 @@ fn master_weights_key() {
     );
 }
 
+/// `training.master_weight_remainders`: off by default; on, the master weights take 2 bytes
+/// per parameter instead of 4 (optimizer state 10 bytes with FP32 moments), it is echoed in
+/// `--json`, and the settings that rule it out are errors naming the key.
+#[test]
+fn master_weight_remainders_key() {
+    let j = ok(SMALL, &[]).job;
+    assert!(!j.training.master_weight_remainders);
+    let j = ok(&edit("[training]", "master_weight_remainders = true"), &[]).job;
+    assert!(j.training.master_weight_remainders);
+    assert_eq!(
+        (j.grad_accum_bytes(), j.optimizer_bytes_per_param()),
+        (4, 10)
+    );
+    let j = ok(
+        SMALL,
+        &[
+            "training.master_weight_remainders=true",
+            "training.optimizer_state_dtype=bf16",
+        ],
+    )
+    .job;
+    assert_eq!(j.optimizer_bytes_per_param(), 6);
+    let loaded = ok(SMALL, &["training.master_weight_remainders=true"]);
+    let result = prism_core::simulate(&loaded.job, &prism_core::SimOptions::default()).unwrap();
+    let v = prism_io::report_json::summary_json(&result, &loaded.job);
+    assert_eq!(v["parallel"]["master_weight_remainders"], true);
+    let plain = ok(SMALL, &[]);
+    let result = prism_core::simulate(&plain.job, &prism_core::SimOptions::default()).unwrap();
+    let v = prism_io::report_json::summary_json(&result, &plain.job);
+    assert!(v["parallel"].get("master_weight_remainders").is_none());
+    for (over, why) in [
+        (
+            "training.master_weights=false",
+            "training.master_weights = false",
+        ),
+        ("training.precision=fp16", "\"fp16\""),
+    ] {
+        fails(
+            SMALL,
+            &["training.master_weight_remainders=true", over],
+            "training.master_weight_remainders",
+            &[why],
+        );
+    }
+    fails(
+        &edit("[training]", "master_weight_remainders = 1"),
+        &[],
+        "training.master_weight_remainders",
+        &[],
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // torchtitan's per-op checkpointing, FP8 parameter gathers, the attention back-end
 // ---------------------------------------------------------------------------------------------

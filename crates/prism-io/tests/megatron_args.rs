@@ -333,3 +333,87 @@ fn job_published(toml: &str) -> f64 {
         .iteration_time_s
         .expect("iteration_time_s")
 }
+
+/// Megatron-Core's precision-aware optimizer (`--use-precision-aware-optimizer`, Transformer
+/// Engine's FusedAdam): with BF16 weights it keeps the FP32 master weights as 16-bit remainders
+/// (`store_param_remainders`, on since February 2025), BF16 moments come from `--exp-avg-dtype`
+/// and `--exp-avg-sq-dtype`, BF16 main gradients from `--main-grads-dtype`. Against the memory
+/// model's closed forms: 10 bytes of optimizer state per parameter (6 with BF16 moments)
+/// against 12. FP8 recipes that make Megatron-Core keep its own FP32 masters turn the
+/// remainders off; the dtypes without the switch, or of a type Megatron does not offer, are
+/// errors naming the argument.
+#[test]
+fn precision_aware_optimizer() {
+    let base = "python pretrain_gpt.py --tensor-model-parallel-size 8 --num-layers 32 \
+                --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 \
+                --micro-batch-size 1 --global-batch-size 64 --bf16 --vocab-size 32000 \
+                --use-distributed-optimizer";
+    let o = ImportOptions {
+        nodes: Some(4),
+        ..opts()
+    };
+    let job = |args: &str| {
+        let imported = import_megatron(&format!("{base} {args}\n"), "p.sh", &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let job = prism_io::jobfile::load_job_str(&imported.toml, "p.sh", None, &[])
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
+            .job;
+        (imported, job)
+    };
+    let (_, plain) = job("");
+    assert_eq!(plain.optimizer_bytes_per_param(), 12);
+    let (imported, aware) = job("--use-precision-aware-optimizer");
+    assert!(aware.training.master_weight_remainders, "{}", imported.toml);
+    assert_eq!(aware.optimizer_bytes_per_param(), 10);
+    assert!(!aware.parallel.grad_reduce_in_bf16);
+    let (imported, low) = job(
+        "--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 \
+         --main-grads-dtype bf16",
+    );
+    assert_eq!(low.optimizer_bytes_per_param(), 6, "{}", imported.toml);
+    assert!(low.parallel.grad_reduce_in_bf16);
+    assert_eq!(low.grad_accum_bytes(), 2);
+    // Mixed moment types are counted at the wider one, and said.
+    let (imported, mixed) = job("--use-precision-aware-optimizer --exp-avg-dtype bf16");
+    assert_eq!(mixed.optimizer_bytes_per_param(), 10);
+    assert!(
+        imported.notes.iter().any(|n| n.contains("--exp-avg-dtype")),
+        "{:?}",
+        imported.notes
+    );
+    // Block-wise FP8 makes Megatron-Core keep FP32 masters itself; delayed scaling does not.
+    let (_, fp8) =
+        job("--use-precision-aware-optimizer --fp8-format hybrid --fp8-recipe blockwise");
+    assert!(!fp8.training.master_weight_remainders);
+    assert_eq!(
+        fp8.training.fp8_recipe,
+        prism_core::job::Fp8Recipe::Blockwise
+    );
+    let (_, fp8) = job("--use-precision-aware-optimizer --fp8-format hybrid --fp8-recipe delayed");
+    assert!(fp8.training.master_weight_remainders);
+    // FP8 weights (--fp8-param-gather) keep whole masters.
+    let (_, fp8) = job("--use-precision-aware-optimizer --fp8-format hybrid --fp8-param-gather");
+    assert!(!fp8.training.master_weight_remainders);
+    // Errors.
+    for (args, flag, rule) in [
+        (
+            "--exp-avg-dtype bf16",
+            "--exp-avg-dtype",
+            "--use-precision-aware-optimizer",
+        ),
+        (
+            "--use-precision-aware-optimizer --main-params-dtype bf16",
+            "--main-params-dtype",
+            "fp32, fp16",
+        ),
+        (
+            "--fp8-format hybrid --fp8-recipe fancy",
+            "--fp8-recipe",
+            "blockwise",
+        ),
+    ] {
+        let e = import_megatron(&format!("{base} {args}\n"), "p.sh", &o).unwrap_err();
+        assert_eq!(e.flag, flag, "{e}");
+        assert!(e.rule.contains(rule), "{e}");
+    }
+}

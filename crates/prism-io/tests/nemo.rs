@@ -105,7 +105,7 @@ fn nemo_and_megatron_readers_agree() {
         --context-parallel-size 2 --num-virtual-stages-per-pipeline-rank 5 \
         --sequence-parallel --micro-batch-size 1 --global-batch-size 2048 \
         --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
-        --tp-comm-overlap --bf16";
+        --tp-comm-overlap --bf16 --use-precision-aware-optimizer";
     let megatron = import_megatron(
         cmd,
         "cmd",
@@ -116,6 +116,9 @@ fn nemo_and_megatron_readers_agree() {
     )
     .unwrap();
     let mut megatron = load(&megatron.toml);
+    // Both keep the FP32 master weights as remainders (NeMo's DistributedFusedAdam set-up,
+    // Megatron-Core's precision-aware optimizer).
+    assert!(nemo.training.master_weight_remainders);
     // What only NeMo's optimizer says: DistributedFusedAdam's bucket timing.
     assert!(!megatron.parallel.dp_buckets_every_stage);
     megatron.parallel.dp_buckets_every_stage = true;
@@ -232,6 +235,68 @@ fn nemo_defaults() {
     assert!(
         toml.contains("model.optim.name: fused_adam (line 15): not a distributed optimizer"),
         "{toml}"
+    );
+}
+
+/// NeMo's set-up of Apex's DistributedFusedAdam (`MegatronBaseModel.setup_optimization`,
+/// October 2022 to NeMo 2.0): an FP32 optimizer on an O2 BF16 model keeps the master weights'
+/// low 16 bits only (10 bytes of optimizer state per parameter against 12); one in the model's
+/// own type keeps no master copy, BF16 moments and, unless `grad_sync_dtype` says otherwise,
+/// BF16 gradient sync (4 bytes, gradients 2); FP8 weights, O1, `fused_adam` or an explicit
+/// `store_params` keep whole masters.
+#[test]
+fn optimizer_master_copy_follows_nemo() {
+    // `model` keys after hidden_size, and keys of `optim`.
+    let cfg = |model: &str, optim: &str| {
+        MINIMAL.replace(
+            "hidden_size: 2048",
+            &format!(
+                "hidden_size: 2048\n  megatron_amp_O2: true{model}\n  optim:\n    \
+                 name: distributed_fused_adam{optim}"
+            ),
+        )
+    };
+    let bytes = |text: &str| {
+        let (toml, job) = import_text(text, &opts());
+        (
+            job.optimizer_bytes_per_param(),
+            job.grad_accum_bytes(),
+            job.training.master_weight_remainders,
+            toml,
+        )
+    };
+    let (opt, grad, rem, toml) = bytes(&cfg("", ""));
+    assert_eq!((opt, grad, rem), (10, 4, true), "{toml}");
+    assert!(toml.contains("store_param_remainders"), "{toml}");
+    // The optimizer in the model's type: no master copy.
+    let (opt, grad, rem, toml) = bytes(&cfg("", "\n    dtype: bf16"));
+    assert_eq!((opt, grad, rem), (4, 2, false), "{toml}");
+    assert!(
+        toml.contains("master_weights = false  # model.optim.dtype: bf16 (line"),
+        "{toml}"
+    );
+    // Whole FP32 masters: explicit store_params, FP8 weights, O1, a non-distributed optimizer.
+    for text in [
+        cfg("", "\n    store_params: true"),
+        cfg("\n  fp8: true\n  fp8_params: true", ""),
+        cfg("", "").replace("megatron_amp_O2: true", "megatron_amp_O2: false"),
+        cfg("", "").replace("distributed_fused_adam", "fused_adam"),
+    ] {
+        let (opt, _, rem, toml) = bytes(&text);
+        assert_eq!((opt, rem), (12, false), "{toml}");
+    }
+    // Explicit remainders with store_params off.
+    let (opt, _, rem, _) = bytes(&cfg(
+        "",
+        "\n    store_params: false\n    store_param_remainders: true",
+    ));
+    assert_eq!((opt, rem), (10, true));
+    // A dtype Apex does not take.
+    let e = import_nemo(&cfg("", "\n    dtype: fp64"), "c.yaml", &opts()).unwrap_err();
+    assert_eq!(e.flag, "model.optim.dtype", "{e}");
+    assert!(
+        e.rule.contains("fp32, bf16, fp16") && e.line.is_some(),
+        "{e}"
     );
 }
 

@@ -393,6 +393,7 @@ fn summary_json_lists_memory_savings_only_when_set() {
         "activation_cache",
         "optimizer_state_dtype",
         "master_weights",
+        "master_weight_remainders",
     ] {
         assert!(
             plain["parallel"].get(key).is_none(),
