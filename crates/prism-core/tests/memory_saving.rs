@@ -454,19 +454,29 @@ fn bf16_model_without_master_weights_shards_its_moments() {
     job.training.master_weights = false;
     job.training.memory_saving.optimizer_state = OptimizerStateDtype::Bf16;
     let job = valid(job);
+    assert_sharded_optimizer(&job, 4);
+    for s in 0..job.parallel.pp {
+        let m = memory::stage_memory(&job, s);
+        assert_eq!(m.gradients, 2 * memory::stage_params(&job, s).total());
+    }
+}
+
+/// Asserts that each stage's optimizer state is `bytes` per parameter sharded as the
+/// distributed optimizer shards it: dense parameters over dp x cp, experts over dp / ep x cp,
+/// each part rounded up.
+fn assert_sharded_optimizer(job: &Job, bytes: u64) {
     let p = &job.parallel;
     let (dp, edp) = (
         p.dp as u64 * p.cp as u64,
         (p.dp / p.ep) as u64 * p.cp as u64,
     );
     for s in 0..p.pp {
-        let ps = memory::stage_params(&job, s);
-        let m = memory::stage_memory(&job, s);
+        let ps = memory::stage_params(job, s);
         assert_eq!(
-            m.optimizer,
-            (4 * ps.dense).div_ceil(dp) + (4 * ps.expert).div_ceil(edp)
+            memory::stage_memory(job, s).optimizer,
+            (bytes * ps.dense).div_ceil(dp) + (bytes * ps.expert).div_ceil(edp),
+            "stage {s}"
         );
-        assert_eq!(m.gradients, 2 * ps.total());
     }
 }
 
@@ -531,20 +541,7 @@ fn master_weight_remainders_halve_the_master_copy() {
     // Under the distributed optimizer the 10 bytes are sharded like the full state.
     job.parallel.set_distributed_optimizer(true);
     job.training.master_weight_remainders = true;
-    let job = valid(job);
-    let p = &job.parallel;
-    let (dp, edp) = (
-        p.dp as u64 * p.cp as u64,
-        (p.dp / p.ep) as u64 * p.cp as u64,
-    );
-    for s in 0..p.pp {
-        let ps = memory::stage_params(&job, s);
-        let m = memory::stage_memory(&job, s);
-        assert_eq!(
-            m.optimizer,
-            (10 * ps.dense).div_ceil(dp) + (10 * ps.expert).div_ceil(edp)
-        );
-    }
+    assert_sharded_optimizer(&valid(job), 10);
 }
 
 /// The remainders are the low half of an FP32 master weight whose high half is a BF16 weight

@@ -1081,8 +1081,9 @@ fn master_copy(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
         }
         (Some((d, line)), _) => {
             r.notes.push(format!(
-                "model.optim.dtype: {d} (line {line}): 16-bit optimizer state beside weights of \
-                 another type is not modelled; Prism keeps FP32 master weights and moments"
+                "model.optim.dtype: {d} (line {line}): a {d} optimizer that keeps master weights \
+                 (store_params, or weights of another type) is not modelled; Prism keeps FP32 \
+                 master weights and moments"
             ));
         }
         (None, Some("bf16")) if !fp8_params => {
