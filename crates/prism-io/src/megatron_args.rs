@@ -1713,10 +1713,15 @@ pub(crate) fn build(
             )
         },
     );
+    // Megatron-Core keeps FP32 master weights itself under FP8 recipes other than delayed
+    // scaling (`use_precision_aware_optimizer_no_fp8_or_ds_fp8` in OptimizerConfig).
+    let mut fp32_masters_kept = false;
     if precision == "fp8" {
         match r.str("--fp8-recipe") {
-            None | Some("delayed") | Some("tensorwise") => {}
+            None | Some("delayed") => {}
+            Some("tensorwise") => fp32_masters_kept = true,
             Some(recipe @ ("blockwise" | "mxfp8")) => {
+                fp32_masters_kept = true;
                 out.put_arg(&r, "training", "fp8_recipe", s(recipe), "--fp8-recipe");
             }
             Some(other) => {
@@ -1740,18 +1745,12 @@ pub(crate) fn build(
         );
     }
     // Transformer Engine's FusedAdam keeps the master weights as remainders beside BF16
-    // weights, unless Megatron-Core manages FP32 masters itself (FP8 recipes other than
-    // delayed scaling, `use_precision_aware_optimizer_no_fp8_or_ds_fp8` in OptimizerConfig).
+    // weights, unless Megatron-Core keeps FP32 masters itself (above) or the weights are FP8.
     if optim.aware
         && !optim.main_params_16
-        && precision != "fp16"
         && r.has("--bf16")
         && !r.has("--fp8-param-gather")
-        && !(precision == "fp8"
-            && matches!(
-                r.str("--fp8-recipe"),
-                Some("tensorwise" | "blockwise" | "mxfp8")
-            ))
+        && !fp32_masters_kept
     {
         out.put(
             "training",

@@ -977,24 +977,26 @@ fn optimizer(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
         None => {}
     }
     // Gradients are reduced in the optimizer's sync dtype (FP32 unless said).
-    match cfg.str("model.optim.grad_sync_dtype")? {
-        Some((d, l)) if matches!(d.as_str(), "bf16" | "bfloat16" | "fp16" | "float16" | "16") => {
-            set(
-                r,
-                "--grad-reduce-in-bf16",
-                None,
-                l,
-                format!("model.optim.grad_sync_dtype: {d}"),
-            );
+    if let Some((d, l)) = cfg.str("model.optim.grad_sync_dtype")? {
+        match OptimDtype::parse(&d) {
+            Some(OptimDtype::Fp32) => {}
+            Some(_) => {
+                set(
+                    r,
+                    "--grad-reduce-in-bf16",
+                    None,
+                    l,
+                    format!("model.optim.grad_sync_dtype: {d}"),
+                );
+            }
+            None => {
+                return Err(cfg.err(
+                    "model.optim.grad_sync_dtype",
+                    Some(l),
+                    format!("`{d}` is not one of bf16, fp16, fp32"),
+                ));
+            }
         }
-        Some((d, l)) if !matches!(d.as_str(), "fp32" | "float32" | "32") => {
-            return Err(cfg.err(
-                "model.optim.grad_sync_dtype",
-                Some(l),
-                format!("`{d}` is not one of bf16, fp16, fp32"),
-            ));
-        }
-        _ => {}
     }
     // With 16-bit training and no sync dtype given, FP16 gradients stay FP16 in Megatron's
     // rule; NeMo's optimizers reduce in FP32 by default.
@@ -1011,6 +1013,36 @@ fn optimizer(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
     Ok(())
 }
 
+/// A dtype of NeMo's optimizer settings (`dtype`, `grad_sync_dtype`), which
+/// `MegatronDistributedFusedAdam` converts with `str_to_dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OptimDtype {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+impl OptimDtype {
+    /// The spellings NeMo's configs use (and `32` / `16` as trainer precisions are written);
+    /// `None` for anything else.
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fp32" | "float32" | "32" | "torch.float32" => Some(OptimDtype::Fp32),
+            "bf16" | "bfloat16" | "torch.bfloat16" => Some(OptimDtype::Bf16),
+            "fp16" | "float16" | "16" | "half" | "torch.float16" => Some(OptimDtype::Fp16),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            OptimDtype::Fp32 => "fp32",
+            OptimDtype::Bf16 => "bf16",
+            OptimDtype::Fp16 => "fp16",
+        }
+    }
+}
+
 /// How Apex's DistributedFusedAdam keeps the master weights, as NeMo sets it up
 /// (`MegatronBaseModel.setup_optimization`, the same from October 2022 to NeMo 2.0): an
 /// optimizer in the model's own 16-bit type keeps no master copy; an FP32 optimizer (the
@@ -1018,18 +1050,16 @@ fn optimizer(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
 /// weight (`store_param_remainders`), unless the weights are FP8 (`fp8_params`: whole FP32
 /// masters) or the config sets `store_params` / `store_param_remainders` itself.
 fn master_copy(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
-    let dtype = cfg.str("model.optim.dtype")?;
-    let optim16 = match &dtype {
+    let optim16 = match cfg.str("model.optim.dtype")? {
         None => None,
-        Some((d, l)) => match d.as_str() {
-            "fp32" | "float32" | "32" | "torch.float32" => None,
-            "bf16" | "bfloat16" | "torch.bfloat16" => Some(("bf16", *l)),
-            "fp16" | "float16" | "16" | "half" | "torch.float16" => Some(("fp16", *l)),
-            other => {
+        Some((d, l)) => match OptimDtype::parse(&d) {
+            Some(OptimDtype::Fp32) => None,
+            Some(t) => Some((t.name(), l)),
+            None => {
                 return Err(cfg.err(
                     "model.optim.dtype",
-                    Some(*l),
-                    format!("`{other}` is not one of fp32, bf16, fp16"),
+                    Some(l),
+                    format!("`{d}` is not one of fp32, bf16, fp16"),
                 ));
             }
         },
@@ -1038,9 +1068,9 @@ fn master_copy(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArgsError> {
     let model16 = if !o2 {
         None
     } else if r.seen.contains_key("--bf16") {
-        Some("bf16")
+        Some(OptimDtype::Bf16.name())
     } else if r.seen.contains_key("--fp16") {
-        Some("fp16")
+        Some(OptimDtype::Fp16.name())
     } else {
         None
     };
