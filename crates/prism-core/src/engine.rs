@@ -1012,7 +1012,12 @@ impl<'a> Contention<'a> {
         let p2p = NCCL_P2P_SMS;
         let mut sms = [0u32; NUM_STREAMS];
         sms[Stream::Tp as usize] = if p.tp_comm_overlap { 0 } else { coll };
-        sms[Stream::Cp as usize] = coll;
+        // Ring attention's exchanges are send/recv pairs (a send and a receive kernel);
+        // gathered keys and values a collective.
+        sms[Stream::Cp as usize] = match p.cp_comm_type {
+            crate::job::CpCommType::P2p => 2 * p2p,
+            crate::job::CpCommType::AllGather => coll,
+        };
         sms[Stream::Ep as usize] = if p.comm_sms > 0 { 0 } else { coll };
         sms[Stream::PpSend as usize] = p2p;
         sms[Stream::PpRecv as usize] = p2p;
@@ -1602,7 +1607,7 @@ impl<'a> Sim<'a> {
     /// Latency each step of a collective over `members` adds for the WAN: the longest one-way
     /// WAN latency between ring neighbours (any two members for an all-to-all), times the
     /// sequential steps of the algorithm (ring all-reduce `2 (n - 1)`, all-gather and
-    /// reduce-scatter `n - 1`, all-to-all 1).
+    /// reduce-scatter `n - 1`, all-to-all and a ring exchange 1).
     fn wan_collective_latency(&self, coll: comm::Collective, members: &[u32]) -> SimTime {
         let n = members.len();
         if n < 2 || !self.fabric.is_multi_dc() {
@@ -1632,6 +1637,7 @@ impl<'a> Sim<'a> {
                 .unwrap_or(0);
             let steps = match coll {
                 comm::Collective::AllReduce => 2 * (n - 1),
+                comm::Collective::RingExchange => 1,
                 _ => n - 1,
             };
             (hop, steps)

@@ -30,7 +30,9 @@ use std::collections::BTreeMap;
 
 use crate::arch::{LocalAttention, WindowKind};
 use crate::cost::comm::Collective;
-use crate::job::{Activation, Job, PipelineP2p, Precision, Recompute, Schedule, Zero3Sync};
+use crate::job::{
+    Activation, CpCommType, Job, PipelineP2p, Precision, Recompute, Schedule, Zero3Sync,
+};
 use crate::layout::{GroupKind, Layout};
 use crate::ops::{ComputeOp, OpClass, Work};
 use crate::schedules::PipeStep;
@@ -1414,7 +1416,7 @@ impl<'a> StageBuilder<'a> {
         };
         let mut cur = qkv.clone();
         let cp = self.job.parallel.cp as u64;
-        if cp > 1 {
+        if cp > 1 && !self.cp_ring(layer) {
             let kv_bytes = self.job.parallel.micro_batch as u64
                 * m.seq_len as u64
                 * 2
@@ -1636,6 +1638,9 @@ impl<'a> StageBuilder<'a> {
             } else {
                 "attention_fwd"
             };
+            if self.cp_ring(tag.layer) {
+                return self.ring_attention(name, tag, deps, false);
+            }
             return self.compute(
                 name,
                 OpClass::Attention,
@@ -1696,6 +1701,9 @@ impl<'a> StageBuilder<'a> {
     /// Attention core backward (fused flash backward, or the unfused kernels' gradients).
     fn attention_backward(&mut self, tag: OpTag, deps: &[u32]) -> u32 {
         if self.job.training.flash_attention {
+            if self.cp_ring(tag.layer) {
+                return self.ring_attention("attention_bwd", tag, deps, true);
+            }
             return self.compute(
                 "attention_bwd",
                 OpClass::Attention,
@@ -1770,6 +1778,113 @@ impl<'a> StageBuilder<'a> {
             },
             tag,
             &[],
+        )
+    }
+
+    /// Whether `layer`'s attention runs as Transformer Engine's ring over the context-parallel
+    /// group ([`CpCommType::P2p`]): fused attention over the whole sequence. Layers with a
+    /// local window, and unfused attention, gather the keys and values instead.
+    fn cp_ring(&self, layer: u32) -> bool {
+        let p = &self.job.parallel;
+        p.cp > 1
+            && p.cp_comm_type == CpCommType::P2p
+            && self.job.training.flash_attention
+            && self.job.model.local_attention(layer).is_none()
+    }
+
+    /// Ring attention ([`CpCommType::P2p`]), forward (`backward == false`, also the recomputed
+    /// forward) or backward, as Transformer Engine's `AttnFuncWithCPAndKVP2P` runs it: `cp`
+    /// steps, each an attention kernel on the keys and values the rank holds (step 0 the causal
+    /// diagonal of its own two chunks, `2c x 2c`; every later step one unmasked `2c x c` block,
+    /// `c = seq_len / (2 cp)`) beside a ring exchange that passes them on to the next rank.
+    /// Double buffering makes the exchange started at step `i` wait for step `i - 1`'s kernel
+    /// and step `i + 1`'s kernel wait for that exchange, so a step costs the longer of the
+    /// two. In backward the key and value gradients travel with the keys and values (twice the
+    /// bytes; the first step sends no gradients and the last only the gradients, home to their
+    /// owner). The per-step outputs (forward) or query, key and value gradients (backward) are
+    /// merged by elementwise kernels. Returns the op the next one waits for.
+    fn ring_attention(
+        &mut self,
+        name: &'static str,
+        tag: OpTag,
+        deps: &[u32],
+        backward: bool,
+    ) -> u32 {
+        let d = self.dims();
+        let m = &self.job.model;
+        let p = &self.job.parallel;
+        let cp = p.cp as u64;
+        let mb = p.micro_batch as u64;
+        let s = m.seq_len as u64;
+        let heads = m.heads as u64 / p.tp as u64;
+        let head_dim = m.core_head_dim();
+        let kv = mb * (s / cp) * 2 * d.kv_local * ACT_BYTES;
+        let step_work = |first: bool| Work::Attention {
+            batch: mb,
+            heads,
+            seq_q: s / cp,
+            seq_kv: if first { s / cp } else { s / (2 * cp) },
+            head_dim,
+            causal: first,
+            window: 0,
+            backward,
+        };
+        let mut held: Option<u32> = None; // the exchange that delivered this step's keys
+        let mut prev: Option<u32> = None; // the previous step's kernel
+        let mut last_exchange = None;
+        for i in 0..cp {
+            let bytes = match (backward, i) {
+                (false, i) if i + 1 < cp => kv,
+                (false, _) => 0,
+                (true, 0) => kv,
+                (true, i) if i + 1 < cp => 2 * kv,
+                (true, _) => kv,
+            };
+            let mut xdeps: Vec<u32> = match held {
+                Some(x) => vec![x],
+                None => deps.to_vec(),
+            };
+            xdeps.extend(prev);
+            let x = if bytes > 0 {
+                self.collective(GroupKind::Cp, Collective::RingExchange, bytes, tag, &xdeps)
+            } else {
+                None
+            };
+            let cdeps: Vec<u32> = match held {
+                Some(x) => vec![x],
+                None => deps.to_vec(),
+            };
+            let c = self.compute(name, OpClass::Attention, step_work(i == 0), tag, &cdeps);
+            prev = Some(c);
+            held = x;
+            if x.is_some() {
+                last_exchange = x;
+            }
+        }
+        // Merging, in the activations' 16-bit type as Transformer Engine does it: forward,
+        // every step's output is rescaled into the output (read both, write it back); backward,
+        // every step's query gradients and the travelling key and value gradients are added
+        // likewise.
+        let t = mb * (s / cp);
+        let merged = if backward {
+            t * (d.q_local + 2 * d.kv_local)
+        } else {
+            t * d.q_local
+        };
+        let mut mdeps: Vec<u32> = prev.into_iter().collect();
+        if backward {
+            mdeps.extend(last_exchange);
+        }
+        self.compute(
+            if backward {
+                "cp_merge_bwd"
+            } else {
+                "cp_merge_fwd"
+            },
+            OpClass::Elementwise,
+            Self::mem(cp * merged * 3 * ACT_BYTES),
+            tag,
+            &mdeps,
         )
     }
 
@@ -2769,7 +2884,7 @@ impl<'a> StageBuilder<'a> {
         let ab = self.attention_backward(tag, &[]);
         let mut after_attn = ab;
         let cp = self.job.parallel.cp as u64;
-        if cp > 1 {
+        if cp > 1 && !self.cp_ring(tag.layer) {
             let kv_bytes = self.job.parallel.micro_batch as u64
                 * m.seq_len as u64
                 * 2

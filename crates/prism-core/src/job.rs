@@ -438,6 +438,8 @@ pub struct Parallel {
     pub comm_sms: u32,
     /// How the expert all-to-alls move tokens ([`MoeDispatcher`]).
     pub moe_dispatcher: MoeDispatcher,
+    /// How context-parallel ranks exchange keys and values ([`CpCommType`]).
+    pub cp_comm_type: CpCommType,
     /// Order of the parallel dimensions over the ranks.
     pub order: RankOrder,
     /// ZeRO stage of the data-parallel dimension (Rajbhandari et al. 2020): 0 nothing sharded,
@@ -641,6 +643,34 @@ pub enum MoeDispatcher {
     /// (DeepSeek-V3 report Sec. 3.2.2; the kernels DeepSeek released as DeepEP). Group-limited
     /// routing (`model.moe_groups`) implies it.
     DeepEp,
+}
+
+/// How context-parallel attention moves keys and values between the `cp` ranks of a group
+/// (Megatron-Core `--cp-comm-type`, Transformer Engine's `cp_comm_type`). Each rank holds two
+/// chunks of `seq_len / (2 cp)` tokens (the first and the mirrored last, so that causal work is
+/// balanced).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpCommType {
+    /// Ring attention, Transformer Engine's default (`AttnFuncWithCPAndKVP2P`): `cp` steps; at
+    /// each the rank computes its queries against the keys and values it holds (the causal
+    /// diagonal of its own chunks first, then one unmasked `2c x c` block per step) while it
+    /// passes them on to the next rank of the ring and receives the next ones. Backward runs
+    /// the same ring with the key and value gradients travelling beside the keys and values.
+    /// Communication hides under the attention of the step it overlaps.
+    #[default]
+    P2p,
+    /// All-gather the keys and values of the whole sequence before the attention (one
+    /// kernel over them) and reduce-scatter their gradients after its backward, not
+    /// overlapped (`all_gather`).
+    AllGather,
+}
+
+impl CpCommType {
+    /// Job-file names (Megatron-Core's spellings).
+    pub const NAMES: [(&'static str, CpCommType); 2] = [
+        ("p2p", CpCommType::P2p),
+        ("all_gather", CpCommType::AllGather),
+    ];
 }
 
 /// Scaling granularity of FP8 GEMM operands. Finer scales keep more precision and cost GEMM
@@ -2077,6 +2107,7 @@ pub mod fixtures {
                 tp_comm_overlap: false,
                 comm_sms: 0,
                 moe_dispatcher: MoeDispatcher::AllToAll,
+                cp_comm_type: CpCommType::P2p,
                 order: RankOrder::TpCpEpDpPp,
                 zero_stage: 1,
                 grad_reduce_in_bf16: false,

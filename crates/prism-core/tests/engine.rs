@@ -409,7 +409,7 @@ fn nccl_ring(
             if nodes > 1.0 { 2.0 * nodes } else { 0.0 },
         ),
         Collective::AllGather | Collective::ReduceScatter => ((n - 1.0) / n, n - 1.0, nodes - 1.0),
-        Collective::AllToAll => unreachable!(),
+        Collective::AllToAll | Collective::RingExchange => unreachable!(),
     };
     let nvl_bw = c.nvlink_gbps * 1e9 / 8.0 * p.nvlink_efficiency;
     let nic_bw = (c.nic_gbps * 1e9 / 8.0 * p.nic_efficiency).round();

@@ -25,7 +25,8 @@ use prism_core::job::{
     RankOrder, Recompute, Schedule, Stack, Topology, Training,
 };
 use prism_core::job::{
-    ActivationCache, MemorySaving, MoeDispatcher, OptimizerStateDtype, PipelineP2p, Zero3Sync,
+    ActivationCache, CpCommType, MemorySaving, MoeDispatcher, OptimizerStateDtype, PipelineP2p,
+    Zero3Sync,
 };
 use prism_core::pipeline_layout::PipelineLayout;
 use prism_predict::variability::{
@@ -359,6 +360,7 @@ const PARALLEL_FIELDS: &[Field] = &[
     fld("zero3_grad_sync", Ty::Str),
     fld("pipeline_rounds", Ty::U32),
     fld("moe_dispatcher", Ty::Str),
+    fld("cp_comm_type", Ty::Str),
     alias(
         "fp8_param_gather",
         Ty::Bool,
@@ -2954,6 +2956,9 @@ fn build_parallel(
                     ("deepep", MoeDispatcher::DeepEp),
                 ],
             )?
+            .unwrap_or_default(),
+        cp_comm_type: g
+            .choice("cp_comm_type", &CpCommType::NAMES)?
             .unwrap_or_default(),
     })
 }

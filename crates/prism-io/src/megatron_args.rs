@@ -168,6 +168,7 @@ const READ: &[(&str, Arity)] = &[
     ("--tensor-model-parallel-size", Arity::Value),
     ("--pipeline-model-parallel-size", Arity::Value),
     ("--context-parallel-size", Arity::Value),
+    ("--cp-comm-type", Arity::Value),
     ("--expert-model-parallel-size", Arity::Value),
     ("--num-layers-per-virtual-pipeline-stage", Arity::Value),
     ("--num-virtual-stages-per-pipeline-rank", Arity::Value),
@@ -740,8 +741,9 @@ pub(crate) struct Reader<'a> {
     /// Job keys the translation sets beyond what the Megatron arguments say:
     /// (section, key, value, why).
     pub(crate) extra_keys: Vec<(&'static str, &'static str, toml::Value, String)>,
-    /// Variables: the caller's (`fixed`, they win) and the script's, in order.
-    vars: BTreeMap<String, String>,
+    /// Variables: the caller's (`fixed`, they win) and the script's, in order (a translated
+    /// config's `env_vars` too).
+    pub(crate) vars: BTreeMap<String, String>,
     fixed: BTreeMap<String, String>,
     /// Each script variable's last value and line.
     assigned: BTreeMap<String, (String, usize)>,
@@ -1763,7 +1765,39 @@ pub(crate) fn build(
             ),
         );
     }
+    if let Some(t) = r.str("--cp-comm-type") {
+        let v = match t {
+            "p2p" => "p2p",
+            "all_gather" => "all_gather",
+            other => {
+                return Err(r.err(
+                    "--cp-comm-type",
+                    r.line("--cp-comm-type"),
+                    format!("`{other}` is not modelled (p2p or all_gather)"),
+                ));
+            }
+        };
+        out.put_arg(&r, "parallel", "cp_comm_type", s(v), "--cp-comm-type");
+    }
+    // Transformer Engine's own switches, where Megatron does not set them from
+    // --attention-backend: NVTE_FUSED_ATTN=0 leaves the flash-attn kernels (FlashAttention-2,
+    // what NGC containers ship), and with NVTE_FLASH_ATTN=0 as well the unfused attention.
+    let env = |name: &str| r.vars.get(name).map(|v| v.trim() == "0");
+    let te_backend = match (env("NVTE_FUSED_ATTN"), env("NVTE_FLASH_ATTN")) {
+        (Some(true), Some(true)) => Some(("flash_attention", b(false))),
+        (Some(true), _) => Some(("attention_backend", s("flash2"))),
+        _ => None,
+    };
     match r.str("--attention-backend") {
+        None | Some("auto") if te_backend.is_some() => {
+            let (key, value) = te_backend.expect("checked");
+            out.put(
+                "training",
+                key,
+                value,
+                "NVTE_FUSED_ATTN=0 (Transformer Engine skips cuDNN attention)",
+            );
+        }
         Some("unfused") | Some("local") => {
             out.put_arg(
                 &r,

@@ -406,6 +406,7 @@ const VALUES: &[(&str, &str)] = &[
         "model.moe_token_dispatcher_type",
         "--moe-token-dispatcher-type",
     ),
+    ("model.cp_comm_type", "--cp-comm-type"),
     (
         "model.tensor_model_parallel_size",
         "--tensor-model-parallel-size",
@@ -862,7 +863,14 @@ fn precision_and_kernels(cfg: &Config, r: &mut Reader) -> Result<(), MegatronArg
         ));
     }
 
-    // Attention kernels.
+    // Attention kernels. The launcher exports its config's `env_vars` to the job (its own
+    // conf/config.yaml set NVTE_FUSED_ATTN: 0 from 24.03 to 24.07): Transformer Engine reads
+    // them as it would from a launch script.
+    for name in ["NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN"] {
+        if let Some((v, _)) = cfg.str(&format!("env_vars.{name}"))? {
+            r.vars.insert(name.to_string(), v);
+        }
+    }
     let te = !matches!(cfg.bool("model.transformer_engine")?, Some((false, _)));
     if let Some((false, line)) = cfg.bool("model.use_flash_attention")?
         && !te

@@ -417,3 +417,49 @@ fn precision_aware_optimizer() {
         assert!(e.rule.contains(rule), "{e}");
     }
 }
+
+/// Truth: Megatron-Core's `--cp-comm-type` (p2p, the default, or all_gather; a2a is refused
+/// with the rule), and Transformer Engine's `NVTE_FUSED_ATTN=0` in the script, which leaves
+/// the flash-attn kernels (and with `NVTE_FLASH_ATTN=0` the unfused attention) unless
+/// `--attention-backend` names one.
+#[test]
+fn cp_comm_type_and_te_attention_switches() {
+    let base = "python pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 32 \
+                --hidden-size 4096 --num-attention-heads 32 --seq-length 8192 \
+                --micro-batch-size 1 --global-batch-size 64 --bf16 --vocab-size 32000 \
+                --context-parallel-size 2";
+    let o = ImportOptions {
+        nodes: Some(1),
+        ..opts()
+    };
+    let job = |pre: &str, args: &str| {
+        let imported = import_megatron(&format!("{pre}{base} {args}\n"), "cp.sh", &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        prism_io::jobfile::load_job_str(&imported.toml, "cp.sh", None, &[])
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
+            .job
+    };
+    use prism_core::job::{AttentionBackend, CpCommType};
+    let plain = job("", "");
+    assert_eq!(plain.parallel.cp_comm_type, CpCommType::P2p);
+    assert_eq!(plain.training.attention_backend, AttentionBackend::Cudnn);
+    assert_eq!(
+        job("", "--cp-comm-type all_gather").parallel.cp_comm_type,
+        CpCommType::AllGather
+    );
+    let err = import_megatron(&format!("{base} --cp-comm-type a2a\n"), "cp.sh", &o)
+        .expect_err("a2a is not modelled");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--cp-comm-type") && msg.contains("a2a"),
+        "{msg}"
+    );
+    let flash = job("export NVTE_FUSED_ATTN=0\n", "");
+    assert_eq!(flash.training.attention_backend, AttentionBackend::Flash2);
+    assert!(flash.training.flash_attention);
+    let unfused = job("NVTE_FUSED_ATTN=0\nNVTE_FLASH_ATTN=0\n", "");
+    assert!(!unfused.training.flash_attention);
+    // --attention-backend wins over the variables (Megatron sets them from it).
+    let fused = job("export NVTE_FUSED_ATTN=0\n", "--attention-backend fused");
+    assert_eq!(fused.training.attention_backend, AttentionBackend::Cudnn);
+}

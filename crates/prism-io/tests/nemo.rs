@@ -447,3 +447,27 @@ fn notes_report_what_is_not_modelled() {
         assert!(notes.contains(needle), "{needle}: {notes}");
     }
 }
+
+/// Truth: the NeMo launcher exports its config's `env_vars` to the job, and its 24.03-24.07
+/// conf/config.yaml held `NVTE_FUSED_ATTN: 0`, so Transformer Engine ran flash-attn; and
+/// `model.cp_comm_type` is Megatron-Core's `--cp-comm-type`.
+#[test]
+fn launcher_env_vars_and_cp_comm_type() {
+    use prism_core::job::{AttentionBackend, CpCommType};
+    let (_, plain) = import_text(MINIMAL, &opts());
+    assert_eq!(plain.training.attention_backend, AttentionBackend::Cudnn);
+    let text = format!("env_vars:\n  NVTE_FUSED_ATTN: 0\n{MINIMAL}");
+    let (toml, job) = import_text(&text, &opts());
+    assert_eq!(
+        job.training.attention_backend,
+        AttentionBackend::Flash2,
+        "{toml}"
+    );
+    let text = MINIMAL.replace(
+        "hidden_size: 2048",
+        "hidden_size: 2048\n  context_parallel_size: 2\n  cp_comm_type: all_gather",
+    );
+    let (toml, job) = import_text(&text, &opts());
+    assert_eq!(job.parallel.cp, 2, "{toml}");
+    assert_eq!(job.parallel.cp_comm_type, CpCommType::AllGather, "{toml}");
+}

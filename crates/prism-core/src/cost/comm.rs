@@ -43,6 +43,9 @@ pub enum Collective {
     ReduceScatter,
     /// Personalised exchange; `bytes` is what one rank sends in total.
     AllToAll,
+    /// Ring shift: every rank sends `bytes` to the next rank of the group and receives as many
+    /// from the previous one (one step of ring attention; NCCL send/recv pairs).
+    RingExchange,
 }
 
 impl Collective {
@@ -53,6 +56,7 @@ impl Collective {
             Collective::AllGather => "all_gather",
             Collective::ReduceScatter => "reduce_scatter",
             Collective::AllToAll => "all_to_all",
+            Collective::RingExchange => "ring_exchange",
         }
     }
 }
@@ -349,6 +353,7 @@ pub fn nccl_latency_s(
         ),
         Collective::AllGather | Collective::ReduceScatter => (n - 1.0, nodes - 1.0),
         Collective::AllToAll => (1.0, 0.0),
+        Collective::RingExchange => (1.0, if shape.nodes > 1 { 1.0 } else { 0.0 }),
     };
     let us = match algo {
         Algorithm::Ring => {
@@ -414,6 +419,12 @@ pub fn plan_collective(
             nic_bytes: 0,
         };
     }
+    if op == Collective::RingExchange {
+        // Send/recv pairs: every rank's message crosses one link at once. When the ring spans
+        // nodes, the messages that cross them (one per node, each through its own NIC) set
+        // the step's time.
+        return plan_p2p(bytes, shape.nodes <= 1, cluster, params);
+    }
     let arch = Arch::of(&cluster.gpu);
     // Candidates in NCCL's order: all-to-all is a pairwise exchange (the ring's bytes, Simple);
     // all-reduce adds the tree and, on Hopper and later with more than one GPU of the group
@@ -472,6 +483,7 @@ fn price(
     let factor = match op {
         Collective::AllReduce => 2.0 * (n - 1.0) / n,
         Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => (n - 1.0) / n,
+        Collective::RingExchange => 1.0,
     };
     let per_rank = factor * s;
     let nvl_bw = nvlink_bytes_per_s(cluster, params);
