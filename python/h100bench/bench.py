@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from timing import timed, write_trace
+from timing import KERNEL_FIELDS, timed, write_kernel_csv, write_trace
 import torch.nn.functional as F
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "out"
@@ -39,10 +39,6 @@ QUICK = "--quick" in sys.argv
 os.makedirs(OUT, exist_ok=True)
 DEV = torch.device("cuda")
 ROWS = []
-FIELDS = [
-    "kind", "variant", "m", "n", "k", "batch", "heads", "seq_q", "seq_kv", "head_dim",
-    "causal", "bytes", "us",
-]
 
 
 def log(*a):
@@ -50,7 +46,7 @@ def log(*a):
 
 
 def row(kind, variant, us, **kw):
-    r = {f: "" for f in FIELDS}
+    r = {f: "" for f in KERNEL_FIELDS}
     r.update(kind=kind, variant=variant, us=f"{us:.3f}")
     for k, v in kw.items():
         r[k] = v
@@ -58,10 +54,7 @@ def row(kind, variant, us, **kw):
 
 
 def write_rows():
-    with open(os.path.join(OUT, "kernels.csv"), "w") as f:
-        f.write(",".join(FIELDS) + "\n")
-        for r in ROWS:
-            f.write(",".join(str(r[x]) for x in FIELDS) + "\n")
+    write_kernel_csv(os.path.join(OUT, "kernels.csv"), ROWS)
 
 
 def env():

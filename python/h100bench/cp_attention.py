@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from timing import timed
+from timing import timed, write_kernel_csv
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "out"
 os.makedirs(OUT, exist_ok=True)
@@ -86,10 +86,9 @@ for b, hq, hkv, sq, skv, causal in SHAPES:
               f"fwd {fwd:9.1f} us ({flops / fwd / 1e6:6.1f} TFLOP/s)  "
               f"bwd {bwd:9.1f} us ({2.5 * flops / bwd / 1e6:6.1f})", flush=True)
         for kind, us in (("attn_fwd", fwd), ("attn_bwd", bwd)):
-            rows.append(f"{kind},{name},,,,{b},{hq},{sq},{skv},128,{int(causal)},,{us:.3f}")
+            rows.append(dict(kind=kind, variant=name, batch=b, heads=hq, seq_q=sq, seq_kv=skv,
+                             head_dim=128, causal=int(causal), us=f"{us:.3f}"))
     del q, k, v
     torch.cuda.empty_cache()
 
-with open(os.path.join(OUT, "cp_attention.csv"), "w") as fo:
-    fo.write("kind,variant,m,n,k,batch,heads,seq_q,seq_kv,head_dim,causal,bytes,us\n")
-    fo.write("\n".join(rows) + "\n")
+write_kernel_csv(os.path.join(OUT, "cp_attention.csv"), rows)

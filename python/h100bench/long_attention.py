@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from timing import timed
+from timing import timed, write_kernel_csv
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "out"
 os.makedirs(OUT, exist_ok=True)
@@ -45,9 +45,8 @@ for sq, skv, causal, heads, kvh in [(131072, 131072, True, 16, 1), (65536, 65536
           f"({flops / fwd / 1e6:6.1f} TFLOP/s)  bwd {bwd:10.1f} us ({2.5 * flops / bwd / 1e6:6.1f})",
           flush=True)
     for kind, us in (("attn_fwd", fwd), ("attn_bwd", bwd)):
-        rows.append(f"{kind},cudnn,,,,1,{heads},{sq},{skv},128,{int(causal)},,{us:.3f}")
+        rows.append(dict(kind=kind, variant="cudnn", batch=1, heads=heads, seq_q=sq, seq_kv=skv,
+                         head_dim=128, causal=int(causal), us=f"{us:.3f}"))
     del q, k, v
     torch.cuda.empty_cache()
-with open(os.path.join(OUT, "long_attention.csv"), "w") as fo:
-    fo.write("kind,variant,m,n,k,batch,heads,seq_q,seq_kv,head_dim,causal,bytes,us\n")
-    fo.write("\n".join(rows) + "\n")
+write_kernel_csv(os.path.join(OUT, "long_attention.csv"), rows)

@@ -41,3 +41,16 @@ def timed(fn, reps=10, loops=5, warmup=3):
         fn()
     torch.cuda.synchronize()
     return statistics.median(loop_us(fn, reps) for _ in range(loops))
+
+
+KERNEL_FIELDS = ("kind", "variant", "m", "n", "k", "batch", "heads", "seq_q", "seq_kv",
+                 "head_dim", "causal", "bytes", "us")
+
+
+def write_kernel_csv(path, rows):
+    """Write `rows` (dicts over KERNEL_FIELDS; a field left out is blank) in kernels.csv's format,
+    which crates/prism-io/src/kernel_bench.rs reads."""
+    with open(path, "w") as f:
+        f.write(",".join(KERNEL_FIELDS) + "\n")
+        for r in rows:
+            f.write(",".join(str(r.get(x, "")) for x in KERNEL_FIELDS) + "\n")

@@ -1417,11 +1417,7 @@ impl<'a> StageBuilder<'a> {
         let mut cur = qkv.clone();
         let cp = self.job.parallel.cp as u64;
         if cp > 1 && !self.cp_ring(layer) {
-            let kv_bytes = self.job.parallel.micro_batch as u64
-                * m.seq_len as u64
-                * 2
-                * d.kv_local
-                * ACT_BYTES;
+            let kv_bytes = self.sequence_kv_bytes();
             if let Some(c) =
                 self.collective(GroupKind::Cp, Collective::AllGather, kv_bytes, tag, &cur)
             {
@@ -1792,6 +1788,16 @@ impl<'a> StageBuilder<'a> {
             && self.job.model.local_attention(layer).is_none()
     }
 
+    /// Keys and values of the whole sequence of a micro-batch on this rank's heads: what the
+    /// gathered form of context parallelism collects, and `cp` times what a ring step passes on.
+    fn sequence_kv_bytes(&self) -> u64 {
+        self.job.parallel.micro_batch as u64
+            * self.job.model.seq_len as u64
+            * 2
+            * self.dims().kv_local
+            * ACT_BYTES
+    }
+
     /// Ring attention ([`CpCommType::P2p`]), forward (`backward == false`, also the recomputed
     /// forward) or backward, as Transformer Engine's `AttnFuncWithCPAndKVP2P` runs it: `cp`
     /// steps, each an attention kernel on the keys and values the rank holds (step 0 the causal
@@ -1818,7 +1824,7 @@ impl<'a> StageBuilder<'a> {
         let s = m.seq_len as u64;
         let heads = m.heads as u64 / p.tp as u64;
         let head_dim = m.core_head_dim();
-        let kv = mb * (s / cp) * 2 * d.kv_local * ACT_BYTES;
+        let kv = self.sequence_kv_bytes() / cp;
         let step_work = |first: bool| Work::Attention {
             batch: mb,
             heads,
@@ -1829,9 +1835,11 @@ impl<'a> StageBuilder<'a> {
             window: 0,
             backward,
         };
-        let mut held: Option<u32> = None; // the exchange that delivered this step's keys
-        let mut prev: Option<u32> = None; // the previous step's kernel
-        let mut last_exchange = None;
+        // The exchange that delivered this step's keys (none before the first step), and the
+        // previous step's kernel. After the loop `held` is backward's last exchange, the one
+        // that brings the key and value gradients home (forward's last step sends nothing).
+        let mut held: Option<u32> = None;
+        let mut prev: Option<u32> = None;
         for i in 0..cp {
             let bytes = match (backward, i) {
                 (false, i) if i + 1 < cp => kv,
@@ -1840,26 +1848,15 @@ impl<'a> StageBuilder<'a> {
                 (true, i) if i + 1 < cp => 2 * kv,
                 (true, _) => kv,
             };
-            let mut xdeps: Vec<u32> = match held {
+            let ready: Vec<u32> = match held {
                 Some(x) => vec![x],
                 None => deps.to_vec(),
             };
-            xdeps.extend(prev);
-            let x = if bytes > 0 {
-                self.collective(GroupKind::Cp, Collective::RingExchange, bytes, tag, &xdeps)
-            } else {
-                None
-            };
-            let cdeps: Vec<u32> = match held {
-                Some(x) => vec![x],
-                None => deps.to_vec(),
-            };
-            let c = self.compute(name, OpClass::Attention, step_work(i == 0), tag, &cdeps);
-            prev = Some(c);
+            let xdeps: Vec<u32> = ready.iter().copied().chain(prev).collect();
+            // A collective of no bytes is no op: forward's last step sends nothing.
+            let x = self.collective(GroupKind::Cp, Collective::RingExchange, bytes, tag, &xdeps);
+            prev = Some(self.compute(name, OpClass::Attention, step_work(i == 0), tag, &ready));
             held = x;
-            if x.is_some() {
-                last_exchange = x;
-            }
         }
         // Merging, in the activations' 16-bit type as Transformer Engine does it: forward,
         // every step's output is rescaled into the output (read both, write it back); backward,
@@ -1871,10 +1868,7 @@ impl<'a> StageBuilder<'a> {
         } else {
             t * d.q_local
         };
-        let mut mdeps: Vec<u32> = prev.into_iter().collect();
-        if backward {
-            mdeps.extend(last_exchange);
-        }
+        let mdeps: Vec<u32> = prev.into_iter().chain(held).collect();
         self.compute(
             if backward {
                 "cp_merge_bwd"
@@ -2885,11 +2879,7 @@ impl<'a> StageBuilder<'a> {
         let mut after_attn = ab;
         let cp = self.job.parallel.cp as u64;
         if cp > 1 && !self.cp_ring(tag.layer) {
-            let kv_bytes = self.job.parallel.micro_batch as u64
-                * m.seq_len as u64
-                * 2
-                * d.kv_local
-                * ACT_BYTES;
+            let kv_bytes = self.sequence_kv_bytes();
             after_attn = self
                 .collective(
                     GroupKind::Cp,

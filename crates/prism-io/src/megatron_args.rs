@@ -18,6 +18,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use prism_core::job::CpCommType;
+
 /// What the script does not say: the machine.
 #[derive(Clone, Debug, Default)]
 pub struct ImportOptions {
@@ -1766,18 +1768,15 @@ pub(crate) fn build(
         );
     }
     if let Some(t) = r.str("--cp-comm-type") {
-        let v = match t {
-            "p2p" => "p2p",
-            "all_gather" => "all_gather",
-            other => {
-                return Err(r.err(
-                    "--cp-comm-type",
-                    r.line("--cp-comm-type"),
-                    format!("`{other}` is not modelled (p2p or all_gather)"),
-                ));
-            }
-        };
-        out.put_arg(&r, "parallel", "cp_comm_type", s(v), "--cp-comm-type");
+        // Megatron-Core's spellings are the job file's.
+        if !CpCommType::NAMES.iter().any(|(name, _)| *name == t) {
+            return Err(r.err(
+                "--cp-comm-type",
+                r.line("--cp-comm-type"),
+                format!("`{t}` is not modelled (p2p or all_gather)"),
+            ));
+        }
+        out.put_arg(&r, "parallel", "cp_comm_type", s(t), "--cp-comm-type");
     }
     // Transformer Engine's own switches, where Megatron does not set them from
     // --attention-backend: NVTE_FUSED_ATTN=0 leaves the flash-attn kernels (FlashAttention-2,
@@ -1788,9 +1787,8 @@ pub(crate) fn build(
         (Some(true), _) => Some(("attention_backend", s("flash2"))),
         _ => None,
     };
-    match r.str("--attention-backend") {
-        None | Some("auto") if te_backend.is_some() => {
-            let (key, value) = te_backend.expect("checked");
+    match (r.str("--attention-backend"), te_backend) {
+        (None | Some("auto"), Some((key, value))) => {
             out.put(
                 "training",
                 key,
@@ -1798,7 +1796,7 @@ pub(crate) fn build(
                 "NVTE_FUSED_ATTN=0 (Transformer Engine skips cuDNN attention)",
             );
         }
-        Some("unfused") | Some("local") => {
+        (Some("unfused") | Some("local"), _) => {
             out.put_arg(
                 &r,
                 "training",
@@ -1807,7 +1805,7 @@ pub(crate) fn build(
                 "--attention-backend",
             );
         }
-        Some("flash") => {
+        (Some("flash"), _) => {
             out.put_arg(
                 &r,
                 "training",
