@@ -602,6 +602,8 @@ pub struct Training {
     pub fp8_recipe: Fp8Recipe,
     /// Which fused-attention kernels run ([`AttentionBackend`]; only with `flash_attention`).
     pub attention_backend: AttentionBackend,
+    /// Which cross-entropy kernels the Megatron stacks run ([`CrossEntropyFusion`]).
+    pub cross_entropy_fusion: CrossEntropyFusion,
     /// FP8 weights kept from the first micro-batch of an iteration to the last (only with
     /// [`Precision::Fp8`]): Megatron-Core flags each model chunk's first micro-batch
     /// (`set_is_first_microbatch`, `pipeline_parallel/schedules.py`) and Transformer Engine casts
@@ -727,6 +729,48 @@ impl AttentionBackend {
         ("cudnn", AttentionBackend::Cudnn),
         ("flash2", AttentionBackend::Flash2),
     ];
+}
+
+/// The cross-entropy kernels of the Megatron stacks (Megatron-Core `--cross-entropy-loss-fusion`
+/// and `--cross-entropy-fusion-impl`), priced by the HBM bytes they move per logit element (one
+/// token times one vocabulary entry of this GPU), forward and backward
+/// ([`Stack::loss_bytes_per_logit`] for the unfused ones).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CrossEntropyFusion {
+    /// The stack's own loss (Megatron's unfused vocab-parallel cross entropy: 38 and 14 bytes).
+    #[default]
+    None,
+    /// Megatron-Core's `fused_vocab_parallel_cross_entropy`
+    /// (`megatron/core/fusions/fused_cross_entropy.py`, `--cross-entropy-fusion-impl native`):
+    /// fused JIT functions over the FP32 logits. Forward: the cast and row maximum (read 2, write
+    /// 4), the shifted exponentials (read 4, write 4) and their in-place division by the sum (8):
+    /// 22 bytes. Backward: the stored softmax read and the BF16 gradient written (4 + 2): 6.
+    Native,
+    /// Transformer Engine's Triton cross entropy (`transformer_engine/common/triton/cross_entropy.py`,
+    /// `--cross-entropy-fusion-impl te`, Megatron-Bridge's recipes): an online-softmax pass over
+    /// the BF16 logits (read 2), then a second pass that writes the gradient in place of the
+    /// logits (read 2, write 2): 6 bytes. Backward scales that gradient in place (read 2, write
+    /// 2): 4.
+    Te,
+}
+
+impl CrossEntropyFusion {
+    /// Job-file names.
+    pub const NAMES: [(&'static str, CrossEntropyFusion); 3] = [
+        ("none", CrossEntropyFusion::None),
+        ("native", CrossEntropyFusion::Native),
+        ("te", CrossEntropyFusion::Te),
+    ];
+
+    /// HBM bytes per logit element, forward and backward, on `stack` (the fused kernels are
+    /// Megatron-Core's; a stack without them keeps its own loss).
+    pub fn loss_bytes_per_logit(self, stack: Stack) -> (u64, u64) {
+        match (self, stack) {
+            (CrossEntropyFusion::Native, Stack::MegatronCore) => (22, 6),
+            (CrossEntropyFusion::Te, Stack::MegatronCore) => (6, 4),
+            _ => stack.loss_bytes_per_logit(),
+        }
+    }
 }
 
 /// Memory-saving techniques of the DeepSeek-V3 technical report (DeepSeek-AI 2024,
@@ -2127,6 +2171,7 @@ pub mod fixtures {
                 memory_saving: MemorySaving::default(),
                 fp8_recipe: Fp8Recipe::Tensorwise,
                 attention_backend: AttentionBackend::Cudnn,
+                cross_entropy_fusion: CrossEntropyFusion::None,
                 fp8_weight_cache: true,
                 master_weights: true,
                 master_weight_remainders: false,

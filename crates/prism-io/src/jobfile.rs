@@ -377,6 +377,11 @@ const TRAINING_FIELDS: &[Field] = &[
     fld("activation_cache", Ty::Str),
     fld("fp8_recipe", Ty::Str),
     fld("attention_backend", Ty::Str),
+    alias(
+        "cross_entropy_fusion",
+        Ty::Str,
+        &["cross_entropy_fusion_impl"],
+    ),
     fld("fp8_weight_cache", Ty::Bool),
     fld("optimizer_state_dtype", Ty::Str),
     fld("master_weights", Ty::Bool),
@@ -2565,6 +2570,25 @@ fn build_training(
             &prism_core::job::AttentionBackend::NAMES,
         )?
         .unwrap_or_default();
+    let cross_entropy_fusion = g
+        .choice(
+            "cross_entropy_fusion",
+            &prism_core::job::CrossEntropyFusion::NAMES,
+        )?
+        .unwrap_or_default();
+    if cross_entropy_fusion != prism_core::job::CrossEntropyFusion::None
+        && stack != prism_core::job::Stack::MegatronCore
+    {
+        let e = g.entry("cross_entropy_fusion").expect("set above");
+        return Err(ctx.at_value(
+            &e.src,
+            "training.cross_entropy_fusion",
+            format!(
+                "the fused cross-entropy kernels are Megatron-Core's; training.stack = \"{}\" has only its own loss (\"none\")",
+                stack.name()
+            ),
+        ));
+    }
     let master_weight_remainders = g.bool("master_weight_remainders")?.unwrap_or(false);
     Ok(Training {
         global_batch,
@@ -2574,6 +2598,7 @@ fn build_training(
         memory_saving,
         fp8_recipe,
         attention_backend,
+        cross_entropy_fusion,
         fp8_weight_cache,
         master_weights,
         master_weight_remainders,

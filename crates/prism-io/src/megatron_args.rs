@@ -212,6 +212,8 @@ const READ: &[(&str, Arity)] = &[
     ("--exp-avg-sq-dtype", Arity::Value),
     ("--use-flash-attn", Arity::Switch),
     ("--attention-backend", Arity::Value),
+    ("--cross-entropy-loss-fusion", Arity::Switch),
+    ("--cross-entropy-fusion-impl", Arity::Value),
     // torchrun (both spellings).
     ("--nnodes", Arity::Value),
     ("--nproc_per_node", Arity::Value),
@@ -1777,6 +1779,24 @@ pub(crate) fn build(
             ));
         }
         out.put_arg(&r, "parallel", "cp_comm_type", s(t), "--cp-comm-type");
+    }
+    // Fused cross entropy: Megatron-Core's own kernels unless --cross-entropy-fusion-impl te.
+    if r.has("--cross-entropy-loss-fusion") {
+        let imp = r.str("--cross-entropy-fusion-impl").unwrap_or("native");
+        if !matches!(imp, "native" | "te") {
+            return Err(r.err(
+                "--cross-entropy-fusion-impl",
+                r.line("--cross-entropy-fusion-impl"),
+                format!("`{imp}` is not one of Megatron's choices (native or te)"),
+            ));
+        }
+        out.put_arg(
+            &r,
+            "training",
+            "cross_entropy_fusion",
+            s(imp),
+            "--cross-entropy-loss-fusion",
+        );
     }
     // Transformer Engine's own switches, where Megatron does not set them from
     // --attention-backend: NVTE_FUSED_ATTN=0 leaves the flash-attn kernels (FlashAttention-2,

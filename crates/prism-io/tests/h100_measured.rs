@@ -227,6 +227,56 @@ fn fp8_gemms_and_scaling_recipes() {
     }
 }
 
+/// The FP8 GEMM ceiling is tied to the BF16 one by a measured ratio
+/// (`H100_FP8_GEMM_EFF_REL_BF16`): the model's BF16 / FP8 time ratio, shape by shape, must be
+/// the measured one (the same GEMMs of at least 1 TFLOP timed in BF16 and in FP8 with
+/// tensor-wise scales), whatever the calibrated clock.
+#[test]
+fn fp8_speedup_over_bf16_is_the_measured_one() {
+    use prism_core::cost::compute::H100_FP8_GEMM_EFF_REL_BF16;
+    let job = step_job();
+    let (bf16, fp8) = (model(&job, Precision::Bf16), model(&job, Precision::Fp8));
+    let r = rows();
+    let mut measured = Vec::new();
+    let mut modelled = Vec::new();
+    for x in r
+        .iter()
+        .filter(|x| x.kind == "gemm" && x.variant == "fp8_tensor")
+    {
+        let Some(w) = x.work.filter(|w| w.flops() >= 1e12) else {
+            continue;
+        };
+        let Some(b) = r
+            .iter()
+            .find(|y| y.variant == "bf16_nt" && mnk(y).is_some() && mnk(y) == mnk(x))
+        else {
+            continue;
+        };
+        measured.push(b.us / x.us);
+        modelled.push(predicted_us(&bf16, OpClass::Gemm, w) / predicted_us(&fp8, OpClass::Gemm, w));
+    }
+    let (meas, model) = (stats(&measured), stats(&modelled));
+    println!(
+        "FP8 / BF16 GEMM speed-up, {} shapes: measured median {:.3}, model median {:.3} \
+         (ceiling ratio {H100_FP8_GEMM_EFF_REL_BF16})",
+        meas.n, meas.median, model.median
+    );
+    assert!(meas.n >= 10, "{} paired shapes", meas.n);
+    // The constant is half the measured median speed-up, to its printed digits.
+    assert!(
+        (meas.median / 2.0 - H100_FP8_GEMM_EFF_REL_BF16).abs() < 0.001,
+        "measured {:.4}",
+        meas.median / 2.0
+    );
+    // The model's speed-up follows (the shape model is shared by both precisions).
+    assert!(
+        (model.median / meas.median - 1.0).abs() < 0.03,
+        "model {:.3} vs measured {:.3}",
+        model.median,
+        meas.median
+    );
+}
+
 #[test]
 fn fused_attention_matches_the_calibrated_model() {
     let job = step_job();

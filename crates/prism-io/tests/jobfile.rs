@@ -2831,3 +2831,43 @@ fn pipeline_message_overlap_keys_follow_megatron() {
         &[],
     );
 }
+
+/// `training.cross_entropy_fusion` (Megatron-Core's `--cross-entropy-loss-fusion` with
+/// `--cross-entropy-fusion-impl`, whose name is accepted as an alias).
+#[test]
+fn cross_entropy_fusion_key() {
+    use prism_core::job::CrossEntropyFusion;
+    assert_eq!(
+        ok(SMALL, &[]).job.training.cross_entropy_fusion,
+        CrossEntropyFusion::None
+    );
+    assert_eq!(
+        ok(SMALL, &["training.cross_entropy_fusion=te"])
+            .job
+            .training
+            .cross_entropy_fusion,
+        CrossEntropyFusion::Te
+    );
+    assert_eq!(
+        ok(SMALL, &["training.cross_entropy_fusion_impl=native"])
+            .job
+            .training
+            .cross_entropy_fusion,
+        CrossEntropyFusion::Native
+    );
+    fails(
+        SMALL,
+        &["training.cross_entropy_fusion=triton"],
+        "training.cross_entropy_fusion",
+        &["\"none\", \"native\", \"te\""],
+    );
+    fails(
+        SMALL,
+        &[
+            "training.stack=torchtitan",
+            "training.cross_entropy_fusion=te",
+        ],
+        "training.cross_entropy_fusion",
+        &["Megatron-Core", "torchtitan"],
+    );
+}

@@ -463,3 +463,57 @@ fn cp_comm_type_and_te_attention_switches() {
     let fused = job("export NVTE_FUSED_ATTN=0\n", "--attention-backend fused");
     assert_eq!(fused.training.attention_backend, AttentionBackend::Cudnn);
 }
+
+#[test]
+fn cross_entropy_loss_fusion_and_its_implementation() {
+    let base = "python pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 4 \
+                --hidden-size 1024 --num-attention-heads 16 --seq-length 4096 \
+                --micro-batch-size 1 --global-batch-size 8 --bf16 --vocab-size 128256";
+    let o = ImportOptions {
+        nodes: Some(1),
+        ..opts()
+    };
+    let job = |args: &str| {
+        let imported = import_megatron(&format!("{base} {args}\n"), "ce.sh", &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        prism_io::jobfile::load_job_str(&imported.toml, "ce.sh", None, &[])
+            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
+            .job
+    };
+    use prism_core::job::CrossEntropyFusion;
+    assert_eq!(
+        job("").training.cross_entropy_fusion,
+        CrossEntropyFusion::None
+    );
+    // Megatron's default implementation is its own (`native`).
+    assert_eq!(
+        job("--cross-entropy-loss-fusion")
+            .training
+            .cross_entropy_fusion,
+        CrossEntropyFusion::Native
+    );
+    assert_eq!(
+        job("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te")
+            .training
+            .cross_entropy_fusion,
+        CrossEntropyFusion::Te
+    );
+    // The implementation alone does not fuse anything.
+    assert_eq!(
+        job("--cross-entropy-fusion-impl te")
+            .training
+            .cross_entropy_fusion,
+        CrossEntropyFusion::None
+    );
+    let err = import_megatron(
+        &format!("{base} --cross-entropy-loss-fusion --cross-entropy-fusion-impl triton\n"),
+        "ce.sh",
+        &o,
+    )
+    .expect_err("not a Megatron choice");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--cross-entropy-fusion-impl") && msg.contains("triton"),
+        "{msg}"
+    );
+}

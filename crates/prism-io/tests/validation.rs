@@ -77,14 +77,17 @@ fn cases_parse_and_cover_calibration() {
     let ids: Vec<&str> = cases.iter().map(|c| c.id.as_str()).collect();
     let unique: BTreeSet<&str> = ids.iter().copied().collect();
     assert_eq!(unique.len(), ids.len(), "duplicate ids");
-    // One case per calibration row, plus the published large MoE runs and NeMo's nine
-    // long-sequence runs (not in the shared calibration set).
+    // One case per calibration row, plus the published large MoE runs, NeMo's nine
+    // long-sequence runs and Megatron-Bridge's two dense H100 runs (not in the shared
+    // calibration set).
     let long_sequence = ids.iter().filter(|i| i.starts_with("nemo2403cp_")).count();
     assert_eq!(long_sequence, 9);
+    let bridge = ids.iter().filter(|i| i.starts_with("mbridge2604_")).count();
+    assert_eq!(bridge, 2);
     assert_eq!(
         cases.len(),
-        94 + MOE_IDS.len() + long_sequence,
-        "one case per calibration row, plus MoE and long-sequence runs"
+        94 + MOE_IDS.len() + long_sequence + bridge,
+        "one case per calibration row, plus MoE, long-sequence and Megatron-Bridge runs"
     );
     for id in MOE_IDS {
         assert!(unique.contains(id), "MoE case {id}");
@@ -107,11 +110,15 @@ fn cases_parse_and_cover_calibration() {
             let not_moe: BTreeSet<&str> = unique
                 .iter()
                 .copied()
-                .filter(|id| !MOE_IDS.contains(id) && !id.starts_with("nemo2403cp_"))
+                .filter(|id| {
+                    !MOE_IDS.contains(id)
+                        && !id.starts_with("nemo2403cp_")
+                        && !id.starts_with("mbridge2604_")
+                })
                 .collect();
             assert_eq!(
                 not_moe, cal_set,
-                "cases.csv ids = calibration.csv ids + MoE and long-sequence runs"
+                "cases.csv ids = calibration.csv ids + MoE, long-sequence and Megatron-Bridge runs"
             );
         }
         None => eprintln!("shared/validation/calibration.csv not found: id comparison skipped"),
