@@ -2163,13 +2163,10 @@ impl<'a> StageBuilder<'a> {
             tag,
             &[cur],
         );
-        // Vocab-parallel cross entropy: the stack's passes over the FP32 logits
-        // (`Stack::loss_bytes_per_logit`); max and sum-exp all-reduces of one float per token.
-        let (loss_fwd_bytes, _) = self
-            .job
-            .training
-            .cross_entropy_fusion
-            .loss_bytes_per_logit(self.job.training.stack);
+        // Vocab-parallel cross entropy: the passes of the stack's loss or of the fused kernels
+        // over the logits (`Training::loss_bytes_per_logit`); max and sum-exp all-reduces of
+        // one float per token.
+        let (loss_fwd_bytes, _) = self.job.training.loss_bytes_per_logit();
         let loss = self.compute(
             "loss_fwd",
             OpClass::Loss,
@@ -2477,11 +2474,7 @@ impl<'a> StageBuilder<'a> {
         let d = self.dims();
         let tag = Self::tag(Phase::Backward, mb, NONE);
         let v_local = self.job.model.vocab as u64 / d.tp;
-        let (_, loss_bwd_bytes) = self
-            .job
-            .training
-            .cross_entropy_fusion
-            .loss_bytes_per_logit(self.job.training.stack);
+        let (_, loss_bwd_bytes) = self.job.training.loss_bytes_per_logit();
         let lb = self.compute(
             "loss_bwd",
             OpClass::Loss,

@@ -731,6 +731,14 @@ impl AttentionBackend {
     ];
 }
 
+impl Training {
+    /// HBM bytes the job's cross-entropy loss moves per logit element, forward and backward:
+    /// the fused kernels it names on Megatron-Core, else its stack's own loss.
+    pub fn loss_bytes_per_logit(&self) -> (u64, u64) {
+        self.cross_entropy_fusion.loss_bytes_per_logit(self.stack)
+    }
+}
+
 /// The cross-entropy kernels of the Megatron stacks (Megatron-Core `--cross-entropy-loss-fusion`
 /// and `--cross-entropy-fusion-impl`), priced by the HBM bytes they move per logit element (one
 /// token times one vocabulary entry of this GPU), forward and backward

@@ -55,6 +55,13 @@ fn mnk(r: &Row) -> Option<(u64, u64, u64)> {
     }
 }
 
+/// The GEMM row of `variant` timed on the same `(m, n, k)` as `x`, if any.
+fn same_shape<'a>(rows: &'a [Row], variant: &str, x: &Row) -> Option<&'a Row> {
+    let shape = mnk(x)?;
+    rows.iter()
+        .find(|y| y.kind == "gemm" && y.variant == variant && mnk(y) == Some(shape))
+}
+
 fn model(job: &Job, precision: Precision) -> ComputeModel {
     model_beside_nccl(job, precision, 0)
 }
@@ -193,15 +200,10 @@ fn fp8_gemms_and_scaling_recipes() {
     // The measured speed of each recipe relative to tensor-wise scaling, shape by shape.
     let rel = |variant: &str| -> Vec<f64> {
         let r = rows();
-        let key = mnk;
         r.iter()
             .filter(|x| x.kind == "gemm" && x.variant == variant)
             .filter(|x| x.work.is_some_and(|w| w.flops() >= 1e12))
-            .filter_map(|x| {
-                r.iter()
-                    .find(|y| y.variant == "fp8_tensor" && key(y) == key(x))
-                    .map(|y| y.us / x.us)
-            })
+            .filter_map(|x| same_shape(&r, "fp8_tensor", x).map(|y| y.us / x.us))
             .collect()
     };
     for v in ["fp8_row", "fp8_block"] {
@@ -246,10 +248,7 @@ fn fp8_speedup_over_bf16_is_the_measured_one() {
         let Some(w) = x.work.filter(|w| w.flops() >= 1e12) else {
             continue;
         };
-        let Some(b) = r
-            .iter()
-            .find(|y| y.variant == "bf16_nt" && mnk(y).is_some() && mnk(y) == mnk(x))
-        else {
+        let Some(b) = same_shape(&r, "bf16_nt", x) else {
             continue;
         };
         measured.push(b.us / x.us);

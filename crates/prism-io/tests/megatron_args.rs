@@ -22,8 +22,13 @@ fn opts() -> ImportOptions {
 
 fn import(file: &str, o: &ImportOptions) -> (String, Job) {
     let text = std::fs::read_to_string(data(file)).unwrap();
-    let imported = import_megatron(&text, file, o).unwrap_or_else(|e| panic!("{e}"));
-    let job = prism_io::jobfile::load_job_str(&imported.toml, file, None, &[])
+    import_text(&text, file, o)
+}
+
+/// A script imported and its job file loaded (both must succeed): the file and the job.
+fn import_text(script: &str, name: &str, o: &ImportOptions) -> (String, Job) {
+    let imported = import_megatron(script, name, o).unwrap_or_else(|e| panic!("{e}"));
+    let job = prism_io::jobfile::load_job_str(&imported.toml, name, None, &[])
         .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
         .job;
     (imported.toml, job)
@@ -286,10 +291,7 @@ python pretrain_gpt.py --num-layers $LAYERS --hidden-size 4096 --num-attention-h
                 .collect(),
             ..opts()
         };
-        let imported = import_megatron(script, "b.sh", &o).unwrap_or_else(|e| panic!("{e}"));
-        prism_io::jobfile::load_job_str(&imported.toml, "b.sh", None, &[])
-            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
-            .job
+        import_text(script, "b.sh", &o).1
     };
     let j = run(&[("LONG", "0")]);
     assert_eq!((j.model.layers, j.model.seq_len), (32, 8192));
@@ -432,13 +434,7 @@ fn cp_comm_type_and_te_attention_switches() {
         nodes: Some(1),
         ..opts()
     };
-    let job = |pre: &str, args: &str| {
-        let imported = import_megatron(&format!("{pre}{base} {args}\n"), "cp.sh", &o)
-            .unwrap_or_else(|e| panic!("{e}"));
-        prism_io::jobfile::load_job_str(&imported.toml, "cp.sh", None, &[])
-            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
-            .job
-    };
+    let job = |pre: &str, args: &str| import_text(&format!("{pre}{base} {args}\n"), "cp.sh", &o).1;
     use prism_core::job::{AttentionBackend, CpCommType};
     let plain = job("", "");
     assert_eq!(plain.parallel.cp_comm_type, CpCommType::P2p);
@@ -473,13 +469,7 @@ fn cross_entropy_loss_fusion_and_its_implementation() {
         nodes: Some(1),
         ..opts()
     };
-    let job = |args: &str| {
-        let imported = import_megatron(&format!("{base} {args}\n"), "ce.sh", &o)
-            .unwrap_or_else(|e| panic!("{e}"));
-        prism_io::jobfile::load_job_str(&imported.toml, "ce.sh", None, &[])
-            .unwrap_or_else(|e| panic!("{e}\n{}", imported.toml))
-            .job
-    };
+    let job = |args: &str| import_text(&format!("{base} {args}\n"), "ce.sh", &o).1;
     use prism_core::job::CrossEntropyFusion;
     assert_eq!(
         job("").training.cross_entropy_fusion,
