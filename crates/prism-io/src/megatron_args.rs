@@ -1781,15 +1781,17 @@ pub(crate) fn build(
         out.put_arg(&r, "parallel", "cp_comm_type", s(t), "--cp-comm-type");
     }
     // Fused cross entropy: Megatron-Core's own kernels unless --cross-entropy-fusion-impl te.
+    // The implementation is checked whether or not the fusion is on, as Megatron's argparse
+    // `choices` does.
+    let imp = r.str("--cross-entropy-fusion-impl").unwrap_or("native");
+    if !matches!(imp, "native" | "te") {
+        return Err(r.err(
+            "--cross-entropy-fusion-impl",
+            r.line("--cross-entropy-fusion-impl"),
+            format!("`{imp}` is not one of Megatron's choices (native or te)"),
+        ));
+    }
     if r.has("--cross-entropy-loss-fusion") {
-        let imp = r.str("--cross-entropy-fusion-impl").unwrap_or("native");
-        if !matches!(imp, "native" | "te") {
-            return Err(r.err(
-                "--cross-entropy-fusion-impl",
-                r.line("--cross-entropy-fusion-impl"),
-                format!("`{imp}` is not one of Megatron's choices (native or te)"),
-            ));
-        }
         out.put_arg(
             &r,
             "training",

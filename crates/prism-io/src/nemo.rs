@@ -408,6 +408,10 @@ const VALUES: &[(&str, &str)] = &[
     ),
     ("model.cp_comm_type", "--cp-comm-type"),
     (
+        "model.cross_entropy_fusion_impl",
+        "--cross-entropy-fusion-impl",
+    ),
+    (
         "model.tensor_model_parallel_size",
         "--tensor-model-parallel-size",
     ),
@@ -445,6 +449,12 @@ const SWITCHES: &[(&str, &str)] = &[
     ("model.ub_tp_comm_overlap", "--tp-comm-overlap"),
     ("model.use_tp_pp_dp_mapping", "--use-tp-pp-dp-mapping"),
     ("model.fp8_params", "--fp8-param-gather"),
+    // A Megatron-Core TransformerConfig field: NeMo hands every such key of the model config
+    // to Megatron-Core (`build_transformer_config`), whose default is off.
+    (
+        "model.cross_entropy_loss_fusion",
+        "--cross-entropy-loss-fusion",
+    ),
 ];
 
 /// Config keys whose `false` is the Megatron-LM switch, with NeMo's default.

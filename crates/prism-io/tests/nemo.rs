@@ -471,3 +471,52 @@ fn launcher_env_vars_and_cp_comm_type() {
     assert_eq!(job.parallel.cp, 2, "{toml}");
     assert_eq!(job.parallel.cp_comm_type, CpCommType::AllGather, "{toml}");
 }
+
+/// Megatron-Core's fused cross entropy as a NeMo config sets it: NeMo hands every
+/// TransformerConfig field of `model:` to Megatron-Core (`build_transformer_config`), so
+/// `cross_entropy_loss_fusion` turns the fusion on with Megatron's own kernels unless
+/// `cross_entropy_fusion_impl` says `te`; absent, it is Megatron-Core's default (off). A choice
+/// Megatron does not have is an error naming the key and its line.
+#[test]
+fn cross_entropy_fusion_keys() {
+    use prism_core::job::CrossEntropyFusion;
+    let with =
+        |extra: &str| MINIMAL.replace("hidden_size: 2048", &format!("hidden_size: 2048{extra}"));
+    let fusion = |extra: &str| {
+        import_text(&with(extra), &opts())
+            .1
+            .training
+            .cross_entropy_fusion
+    };
+    assert_eq!(fusion(""), CrossEntropyFusion::None);
+    assert_eq!(
+        fusion("\n  cross_entropy_loss_fusion: True"),
+        CrossEntropyFusion::Native
+    );
+    assert_eq!(
+        fusion("\n  cross_entropy_loss_fusion: True\n  cross_entropy_fusion_impl: te"),
+        CrossEntropyFusion::Te
+    );
+    assert_eq!(
+        fusion("\n  cross_entropy_loss_fusion: False\n  cross_entropy_fusion_impl: te"),
+        CrossEntropyFusion::None
+    );
+    let (toml, _) = import_text(&with("\n  cross_entropy_loss_fusion: True"), &opts());
+    assert!(
+        toml.contains(
+            "cross_entropy_fusion = \"native\"  # model.cross_entropy_loss_fusion: true (line 13)"
+        ),
+        "{toml}"
+    );
+    let err = import_nemo(
+        &with("\n  cross_entropy_fusion_impl: triton"),
+        "config.yaml",
+        &opts(),
+    )
+    .expect_err("not a Megatron choice");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("cross_entropy_fusion_impl") && msg.contains("triton") && msg.contains("13"),
+        "{msg}"
+    );
+}
