@@ -55,6 +55,11 @@ pub struct ValidateArgs {
     /// of every case, instead of each case job's `cluster.gpu_speed_cv` (default 0.011).
     #[arg(long, value_name = "CV")]
     gpu_speed_cv: Option<f64>,
+    /// Also simulate the excluded cases and list what Prism predicts for them, apart: they
+    /// count in no error statistic, tolerance check, plot or Markdown table. A case whose job
+    /// cannot run says why.
+    #[arg(long)]
+    excluded: bool,
 }
 
 impl ValidateArgs {
@@ -98,6 +103,31 @@ pub fn run_all(cases: &[Case], opts: &SimOptions, how: &CaseOptions) -> Result<V
     bar.finish_and_clear();
     out.into_iter()
         .map(|r| r.map_err(anyhow::Error::msg))
+        .collect()
+}
+
+/// A published or predicted figure: fractions with four decimals, larger values with one.
+fn figure(x: f64) -> String {
+    if x.abs() < 10.0 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+/// Simulates excluded cases as if they were modelled (in parallel, in case-file order).
+fn run_excluded(cases: &[&Case], how: &CaseOptions) -> Vec<(String, Result<CaseResult, String>)> {
+    use rayon::prelude::*;
+    cases
+        .par_iter()
+        .map(|c| {
+            let case = Case {
+                status: validation::Status::Modelled,
+                ..(*c).clone()
+            };
+            let r = validation::run_case_with(&case, &SimOptions::default(), how);
+            (c.id.clone(), r)
+        })
         .collect()
 }
 
@@ -152,6 +182,11 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
     }
     let how = args.case_options();
     let results = run_all(&cases, &SimOptions::default(), &how)?;
+    let excluded_runs = if args.excluded {
+        run_excluded(&excluded, &how)
+    } else {
+        Vec::new()
+    };
     let stats_at = |c: Compare| validation::stats_by(&results, |r| r.error_at(c));
     let (nominal, stragglers) = (stats_at(Compare::Nominal), stats_at(Compare::Stragglers));
     let ((per_source, overall), (other_per_source, other_overall)) = match how.compare {
@@ -217,6 +252,18 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
             })).collect::<Vec<_>>(),
             "over_memory": over_memory.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
         });
+        let mut v = v;
+        if args.excluded {
+            v["excluded_predictions"] = excluded_runs
+                .iter()
+                .map(|(id, r)| match r {
+                    Ok(r) => serde_json::json!({"id": id, "metric": r.metric.name(),
+                        "published": r.published, "predicted": r.predicted,
+                        "error_pct": r.error_pct, "peak_memory_gib": r.peak_memory_gib}),
+                    Err(e) => serde_json::json!({"id": id, "error": e}),
+                })
+                .collect();
+        }
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         outln!("{}", compared_line(how.compare))?;
@@ -247,6 +294,21 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
                 "{} cases not modelled (see validation/cases.csv for the reasons)",
                 excluded.len()
             )?;
+        }
+        if !excluded_runs.is_empty() {
+            outln!("Prism's prediction for them (counted nowhere above):")?;
+            for (id, r) in &excluded_runs {
+                match r {
+                    Ok(r) => outln!(
+                        "  {id:<32} {:<22} published {:>10}  predicted {:>10}  error {:+.1}%",
+                        r.metric.name(),
+                        figure(r.published),
+                        figure(r.predicted),
+                        r.error_pct
+                    )?,
+                    Err(e) => outln!("  {id:<32} cannot run: {e}")?,
+                }
+            }
         }
         if !results.is_empty() {
             outln!()?;

@@ -182,3 +182,73 @@ fn validate_reports_nominal_and_straggler_errors() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--gpu-speed-cv 0.9"), "{err}");
 }
+
+/// `--excluded` simulates the excluded cases and lists them apart: the same prediction a
+/// modelled copy of the row gets, counted in no statistic and failing no tolerance.
+#[test]
+fn excluded_cases_are_predicted_apart() {
+    let json = |args: &[&str]| {
+        let o = prism(args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("json")
+    };
+    let with = json(&[
+        "validate",
+        "--filter",
+        "mbridge2604",
+        "--excluded",
+        "--json",
+    ]);
+    let without = json(&["validate", "--filter", "mbridge2604", "--json"]);
+    assert!(without.get("excluded_predictions").is_none());
+    // The modelled cases and their statistics do not change.
+    assert_eq!(with["cases"], without["cases"]);
+    assert_eq!(with["mape"], without["mape"]);
+    let excluded: Vec<&str> = with["excluded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    let preds = with["excluded_predictions"].as_array().expect("listed");
+    assert!(!preds.is_empty());
+    assert_eq!(
+        preds
+            .iter()
+            .map(|p| p["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        excluded
+    );
+    // A modelled copy of the same rows predicts the same figures.
+    let text = prism_io_cases_text();
+    let mut lines = text.lines();
+    let mut csv = format!("{}\n", lines.next().unwrap());
+    for l in lines.filter(|l| excluded.iter().any(|id| l.starts_with(&format!("{id},")))) {
+        // status `excluded` with its reason -> `modelled` with none: the reason is the first
+        // quoted field after the status column.
+        let (head, rest) = l.split_once(",excluded,\"").expect("excluded row");
+        let (_, tail) = rest.split_once("\",").expect("reason");
+        csv.push_str(&format!("{head},modelled,,{tail}\n"));
+    }
+    let dir = std::env::temp_dir().join(format!("prism-excluded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cases.csv");
+    std::fs::write(&file, csv).unwrap();
+    let modelled = prism(&["validate", file.to_str().unwrap(), "--json"]);
+    let modelled: serde_json::Value = serde_json::from_slice(&modelled.stdout).expect("json");
+    let cases = modelled["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), preds.len());
+    for (p, c) in preds.iter().zip(cases) {
+        assert_eq!(p["id"], c["id"]);
+        assert_eq!(p["predicted"], c["predicted"]);
+        assert_eq!(p["error_pct"], c["error_pct"]);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn prism_io_cases_text() -> String {
+    std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../validation/cases.csv"),
+    )
+    .expect("validation/cases.csv")
+}
