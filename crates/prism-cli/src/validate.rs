@@ -82,17 +82,20 @@ pub fn load_cases(path: Option<&PathBuf>) -> Result<Vec<Case>> {
     })
 }
 
-/// Runs every modelled case (in parallel), in case-file order.
-pub fn run_all(cases: &[Case], opts: &SimOptions, how: &CaseOptions) -> Result<Vec<CaseResult>> {
+/// Simulates `cases` in parallel behind a progress bar; the results in the cases' order.
+fn simulate(
+    cases: &[&Case],
+    opts: &SimOptions,
+    how: &CaseOptions,
+) -> Vec<Result<CaseResult, String>> {
     use rayon::prelude::*;
-    let modelled: Vec<&Case> = cases.iter().filter(|c| c.status.is_modelled()).collect();
-    let bar = indicatif::ProgressBar::new(modelled.len() as u64).with_style(
+    let bar = indicatif::ProgressBar::new(cases.len() as u64).with_style(
         indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} cases {elapsed}")
             .expect("template")
             .progress_chars("=> "),
     );
     bar.set_prefix("validate");
-    let out: Vec<Result<CaseResult, String>> = modelled
+    let out = cases
         .par_iter()
         .map(|c| {
             let r = validation::run_case_with(c, opts, how);
@@ -101,34 +104,35 @@ pub fn run_all(cases: &[Case], opts: &SimOptions, how: &CaseOptions) -> Result<V
         })
         .collect();
     bar.finish_and_clear();
-    out.into_iter()
+    out
+}
+
+/// Runs every modelled case (in parallel), in case-file order.
+pub fn run_all(cases: &[Case], opts: &SimOptions, how: &CaseOptions) -> Result<Vec<CaseResult>> {
+    let modelled: Vec<&Case> = cases.iter().filter(|c| c.status.is_modelled()).collect();
+    simulate(&modelled, opts, how)
+        .into_iter()
         .map(|r| r.map_err(anyhow::Error::msg))
         .collect()
 }
 
-/// A published or predicted figure: fractions with four decimals, larger values with one.
-fn figure(x: f64) -> String {
-    if x.abs() < 10.0 {
-        format!("{x:.4}")
-    } else {
-        format!("{x:.1}")
-    }
-}
-
-/// Simulates excluded cases as if they were modelled (in parallel, in case-file order).
-fn run_excluded(cases: &[&Case], how: &CaseOptions) -> Vec<(String, Result<CaseResult, String>)> {
-    use rayon::prelude::*;
-    cases
-        .par_iter()
-        .map(|c| {
-            let case = Case {
-                status: validation::Status::Modelled,
-                ..(*c).clone()
-            };
-            let r = validation::run_case_with(&case, &SimOptions::default(), how);
-            (c.id.clone(), r)
+/// Simulates excluded cases as if they were modelled, in case-file order; a case whose job
+/// cannot run keeps its error.
+fn run_excluded(
+    cases: &[&Case],
+    opts: &SimOptions,
+    how: &CaseOptions,
+) -> Vec<(String, Result<CaseResult, String>)> {
+    let as_modelled: Vec<Case> = cases
+        .iter()
+        .map(|c| Case {
+            status: validation::Status::Modelled,
+            ..(*c).clone()
         })
-        .collect()
+        .collect();
+    let refs: Vec<&Case> = as_modelled.iter().collect();
+    let results = simulate(&refs, opts, how);
+    as_modelled.into_iter().map(|c| c.id).zip(results).collect()
 }
 
 fn mean_max(results: &[CaseResult], ids: &[&str]) -> Option<(f64, f64, usize)> {
@@ -181,9 +185,10 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
         );
     }
     let how = args.case_options();
-    let results = run_all(&cases, &SimOptions::default(), &how)?;
+    let opts = SimOptions::default();
+    let results = run_all(&cases, &opts, &how)?;
     let excluded_runs = if args.excluded {
-        run_excluded(&excluded, &how)
+        run_excluded(&excluded, &opts, &how)
     } else {
         Vec::new()
     };
@@ -229,7 +234,7 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
         std::fs::write(path, md).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if args.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "mape": overall.mape,
             "max_abs_error_pct": overall.max_abs,
             "count": overall.count,
@@ -252,7 +257,6 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
             })).collect::<Vec<_>>(),
             "over_memory": over_memory.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
         });
-        let mut v = v;
         if args.excluded {
             v["excluded_predictions"] = excluded_runs
                 .iter()
@@ -296,17 +300,15 @@ pub fn run(args: &ValidateArgs) -> Result<bool> {
             )?;
         }
         if !excluded_runs.is_empty() {
+            let ran: Vec<CaseResult> = excluded_runs
+                .iter()
+                .filter_map(|(_, r)| r.as_ref().ok().cloned())
+                .collect();
             outln!("Prism's prediction for them (counted nowhere above):")?;
+            out!("{}", validation::results_table(&ran))?;
             for (id, r) in &excluded_runs {
-                match r {
-                    Ok(r) => outln!(
-                        "  {id:<32} {:<22} published {:>10}  predicted {:>10}  error {:+.1}%",
-                        r.metric.name(),
-                        figure(r.published),
-                        figure(r.predicted),
-                        r.error_pct
-                    )?,
-                    Err(e) => outln!("  {id:<32} cannot run: {e}")?,
+                if let Err(e) = r {
+                    outln!("{id}: cannot run: {e}")?;
                 }
             }
         }

@@ -220,7 +220,7 @@ fn excluded_cases_are_predicted_apart() {
         excluded
     );
     // A modelled copy of the same rows predicts the same figures.
-    let text = prism_io_cases_text();
+    let text = cases_file_text();
     let mut lines = text.lines();
     let mut csv = format!("{}\n", lines.next().unwrap());
     for l in lines.filter(|l| excluded.iter().any(|id| l.starts_with(&format!("{id},")))) {
@@ -246,7 +246,7 @@ fn excluded_cases_are_predicted_apart() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-fn prism_io_cases_text() -> String {
+fn cases_file_text() -> String {
     std::fs::read_to_string(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../validation/cases.csv"),
     )
