@@ -13,7 +13,8 @@
 //! - forward: [recv activation] or embedding; per layer: norm, (SP all-gather), QKV GEMM,
 //!   (CP all-gather of K/V), flash attention, out-projection GEMM, (TP all-reduce or SP
 //!   reduce-scatter), residual, norm, (all-gather), MLP GEMMs and activation, or for MoE the
-//!   router, all-to-all dispatch, expert GEMMs, all-to-all combine; (all-reduce/reduce-scatter),
+//!   router, token permutation, all-to-all dispatch, (reorder by local expert), expert GEMMs,
+//!   the reverse around the all-to-all combine; (all-reduce/reduce-scatter),
 //!   residual; then [send activation] or final norm, LM head, loss.
 //! - backward: the reverse, with data-gradient and weight-gradient GEMMs; TP communication of
 //!   the input gradient overlaps the weight-gradient GEMM (and with SP the input all-gather for
@@ -345,6 +346,33 @@ impl ExecutionGraph {
             layout,
             programs: builders.into_iter().map(|b| b.prog).collect(),
             ep_nic_scale,
+        }
+    }
+}
+
+/// Bytes of the two kinds of token permutation around one MoE layer's experts
+/// (`StageBuilder::moe_permute_bytes`).
+#[derive(Clone, Copy, Debug)]
+struct MoePermuteBytes {
+    source: u64,
+    receive: u64,
+    /// DeepEP's receive-side passes are its permutations (there is no source-side one).
+    deepep: bool,
+}
+
+impl MoePermuteBytes {
+    /// The name of receive-side pass `sort_name` (`moe_sort_*` / `moe_unsort_*`) under this
+    /// dispatcher.
+    fn name(&self, sort_name: &'static str) -> &'static str {
+        if !self.deepep {
+            return sort_name;
+        }
+        match sort_name {
+            "moe_sort_fwd" => "moe_permute_fwd",
+            "moe_unsort_fwd" => "moe_unpermute_fwd",
+            "moe_unsort_bwd" => "moe_unpermute_bwd",
+            "moe_sort_bwd" => "moe_permute_bwd",
+            other => other,
         }
     }
 }
@@ -1468,15 +1496,18 @@ impl<'a> StageBuilder<'a> {
                 &cur,
             );
             let a2a_bytes = pairs * d.h * ACT_BYTES;
+            let perm = self.moe_permute_bytes(d.t_sp, moe.top_k, pairs);
+            let permuted = self.optional_pass("moe_permute_fwd", perm.source, tag, router);
             let c = self
                 .collective(
                     GroupKind::Ep,
                     Collective::AllToAll,
                     a2a_bytes,
                     tag,
-                    &[router],
+                    &[permuted],
                 )
-                .unwrap_or(router);
+                .unwrap_or(permuted);
+            let c = self.optional_pass(perm.name("moe_sort_fwd"), perm.receive, tag, c);
             let batch = local_experts;
             self.compute(
                 "expert_fc1_fwd",
@@ -1528,10 +1559,11 @@ impl<'a> StageBuilder<'a> {
                     &[],
                 );
             }
-            cur = vec![
-                self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
-                    .unwrap_or(fc2),
-            ];
+            let fc2 = self.optional_pass(perm.name("moe_unsort_fwd"), perm.receive, tag, fc2);
+            let combined = self
+                .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
+                .unwrap_or(fc2);
+            cur = vec![self.optional_pass("moe_unpermute_fwd", perm.source, tag, combined)];
             if m.arch.moe_shared_ffn_hidden > 0 {
                 // Shared experts: a tensor-parallel gated MLP on every token, run while the
                 // combine all-to-all is in flight.
@@ -1933,6 +1965,62 @@ impl<'a> StageBuilder<'a> {
             window,
             backward,
         }
+    }
+
+    /// Bytes of the token permutations around one MoE layer's experts on this rank, each way
+    /// (forward, and mirrored in backward). The grouped expert GEMMs need each expert's tokens
+    /// contiguous, so routed copies are gathered into expert order and the expert outputs
+    /// scattered back, each a streaming pass over the routed copies, priced at the copy
+    /// bandwidth (a floor: PyTorch's eager gather ran them at about 1-2 TB/s on an H100,
+    /// `validation/h100/moe_host.json`; Megatron-Core fuses each into one kernel with
+    /// `moe_permute_fusion`). Megatron-Core's `token_dispatcher.py` runs:
+    /// - `source`: with Megatron-Core's alltoall dispatcher (or without expert parallelism),
+    ///   the permutation of the `tokens x top_k` copies into destination order before the
+    ///   dispatch (reading the tokens, writing the copies), and the weighted un-permutation after
+    ///   the combine (reading the copies, writing the tokens);
+    /// - `receive`: the reordering of the received copies from source-rank order into
+    ///   local-expert order after the dispatch and back before the combine (Megatron-Core's
+    ///   `sort_chunks_by_idxs` with more than one local expert; with DeepEP, the permutation of
+    ///   its receive buffer into expert order, whose combine kernel does the weighted sum).
+    fn moe_permute_bytes(&self, tokens: u64, top_k: u32, pairs: u64) -> MoePermuteBytes {
+        let j = self.job;
+        let h = self.dims().h;
+        let ep = j.parallel.ep as u64;
+        let local = j.model.moe.as_ref().map_or(1, |m| m.experts as u64 / ep);
+        let deepep = ep > 1 && j.parallel.moe_dispatcher == crate::job::MoeDispatcher::DeepEp;
+        let copies = tokens * top_k as u64;
+        MoePermuteBytes {
+            source: if deepep {
+                0
+            } else {
+                (tokens + copies) * h * ACT_BYTES
+            },
+            receive: if deepep {
+                // DeepEP delivers a token once per destination rank: a uniformly random set
+                // of k of the E experts misses a rank's L experts with probability
+                // C(E - L, k) / C(E, k), so it reaches ep (1 - that) ranks on average.
+                let experts = local * ep;
+                let miss: f64 = (0..top_k as u64)
+                    .map(|i| experts.saturating_sub(local + i) as f64 / (experts - i) as f64)
+                    .product();
+                let unique = (tokens as f64 * ep as f64 * (1.0 - miss)).ceil() as u64;
+                (unique.min(pairs) + pairs) * h * ACT_BYTES
+            } else if ep > 1 && local > 1 {
+                2 * pairs * h * ACT_BYTES
+            } else {
+                0
+            },
+            deepep,
+        }
+    }
+
+    /// A memory-bound pass of `bytes` (none when zero) after op `after`; returns the op that
+    /// what follows waits for.
+    fn optional_pass(&mut self, name: &'static str, bytes: u64, tag: OpTag, after: u32) -> u32 {
+        if bytes == 0 {
+            return after;
+        }
+        self.compute(name, OpClass::Elementwise, Self::mem(bytes), tag, &[after])
     }
 
     /// Routed (token, expert) pairs of `tokens` tokens on this rank at the busiest expert:
@@ -2695,9 +2783,12 @@ impl<'a> StageBuilder<'a> {
             };
             let a2a_bytes = pairs * d.h * ACT_BYTES;
             let shared_in = cur;
+            let perm = self.moe_permute_bytes(d.t_sp, moe.top_k, pairs);
+            cur = self.optional_pass("moe_unpermute_bwd", perm.source, tag, cur);
             cur = self
                 .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[cur])
                 .unwrap_or(cur);
+            cur = self.optional_pass(perm.name("moe_unsort_bwd"), perm.receive, tag, cur);
             // Shared experts' backward runs while the gradient all-to-all is in flight.
             let shared = (m.arch.moe_shared_ffn_hidden > 0)
                 .then(|| self.shared_expert_backward(tag, shared_in));
@@ -2776,6 +2867,7 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
+            let dg = self.optional_pass(perm.name("moe_sort_bwd"), perm.receive, tag, dg);
             let a2a = self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[dg]);
             self.wgrad(
                 "expert_fc1_wgrad",
@@ -2789,6 +2881,10 @@ impl<'a> StageBuilder<'a> {
                 &[],
             );
             let mut router_deps = Self::deps(a2a);
+            if perm.source > 0 {
+                let after = a2a.unwrap_or(dg);
+                router_deps = vec![self.optional_pass("moe_permute_bwd", perm.source, tag, after)];
+            }
             router_deps.extend(shared);
             cur = self.compute(
                 "router_bwd",

@@ -18,7 +18,7 @@ pub enum OpClass {
     Embedding,
     /// Cross-entropy loss (with its softmax over the vocabulary).
     Loss,
-    /// MoE router (gate GEMM + top-k + permutation).
+    /// MoE router (gate GEMM and top-k; the token permutations are memory passes of their own).
     Router,
     /// Optimizer step (Adam), memory-bound.
     Optimizer,
