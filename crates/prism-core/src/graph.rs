@@ -1971,9 +1971,11 @@ impl<'a> StageBuilder<'a> {
     /// (forward, and mirrored in backward). The grouped expert GEMMs need each expert's tokens
     /// contiguous, so routed copies are gathered into expert order and the expert outputs
     /// scattered back, each a streaming pass over the routed copies, priced at the copy
-    /// bandwidth (a floor: PyTorch's eager gather ran them at about 1-2 TB/s on an H100,
-    /// `validation/h100/moe_host.json`; Megatron-Core fuses each into one kernel with
-    /// `moe_permute_fusion`). Megatron-Core's `token_dispatcher.py` runs:
+    /// bandwidth, as one fused kernel each runs them (Megatron-Core's `moe_permute_fusion`;
+    /// measured on an H100 with stand-in Triton kernels, `validation/h100/permute.json`: the
+    /// weighted un-permutation and the reorder within 2% of the price, the gathering
+    /// permutation 20% slower; PyTorch's unfused eager kernels, `moe_host.json`, slower still).
+    /// Megatron-Core's `token_dispatcher.py` runs:
     /// - `source`: with Megatron-Core's alltoall dispatcher (or without expert parallelism),
     ///   the permutation of the `tokens x top_k` copies into destination order before the
     ///   dispatch (reading the tokens, writing the copies), and the weighted un-permutation after

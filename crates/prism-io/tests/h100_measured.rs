@@ -1203,3 +1203,34 @@ fn fp8_speedup_grows_with_the_reduction_length() {
     assert!(errs.iter().all(|&e| e.abs() < 0.10), "{errs:?}");
     assert!(s.mean_abs < 0.08, "{}", s.mean_abs);
 }
+
+/// The MoE token permutations as single fused kernels (`python/h100bench/permute.py`,
+/// `validation/h100/permute.json`; Triton stand-ins for Transformer Engine's fused permute,
+/// un-permute and chunk sort, GPU time under a CUDA graph) against Prism's memory passes of the
+/// same bytes (`moe_permute_*`, `moe_unpermute_*`, `moe_sort_*`).
+#[test]
+fn fused_moe_permutations_against_the_memory_passes() {
+    let text = std::fs::read_to_string(dir().join("permute.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let m = model(&step_job(), Precision::Bf16);
+    println!("\nFused MoE permutations: Prism's memory pass vs the measured kernel");
+    let mut errs = Vec::new();
+    for case in ["gpt-oss-120b", "qwen3-30b-a3b"] {
+        let c = &v[case];
+        for pass in ["permute", "unpermute", "sort", "copy"] {
+            let bytes = c[format!("{pass}_bytes")].as_u64().unwrap();
+            let meas = c[format!("{pass}_us")].as_f64().unwrap();
+            let pred = predicted_us(&m, OpClass::Elementwise, Work::Memory { bytes });
+            let e = err(pred, meas);
+            println!(
+                "  {case:14} {pass:9} {:6.1} MB: measured {meas:6.1} us, Prism {pred:6.1} us ({:+5.1}%)",
+                bytes as f64 / 1e6,
+                100.0 * e
+            );
+            errs.push(e);
+        }
+    }
+    let s = print_stats("fused permutations and copies", &errs);
+    assert!(errs.iter().all(|e| e.abs() < 0.25), "{errs:?}");
+    assert!(s.mean_abs < 0.12, "{}", s.mean_abs);
+}
