@@ -1563,13 +1563,16 @@ impl<'a> StageBuilder<'a> {
             let combined = self
                 .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
                 .unwrap_or(fc2);
+            // Shared experts: a tensor-parallel gated MLP on every token, run while the
+            // combine all-to-all is in flight (issued before the un-permutation, which waits
+            // for the combine).
+            let shared = if m.arch.moe_shared_ffn_hidden > 0 {
+                self.shared_expert_forward(tag, n2, fc2)
+            } else {
+                Vec::new()
+            };
             cur = vec![self.optional_pass("moe_unpermute_fwd", perm.source, tag, combined)];
-            if m.arch.moe_shared_ffn_hidden > 0 {
-                // Shared experts: a tensor-parallel gated MLP on every token, run while the
-                // combine all-to-all is in flight.
-                let shared = self.shared_expert_forward(tag, n2, fc2);
-                cur.extend(shared);
-            }
+            cur.extend(shared);
         } else {
             let n_fc1 = if m.activation == Activation::SwiGlu {
                 2 * d.ffn_local
@@ -2790,10 +2793,11 @@ impl<'a> StageBuilder<'a> {
             cur = self
                 .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[cur])
                 .unwrap_or(cur);
-            cur = self.optional_pass(perm.name("moe_unsort_bwd"), perm.receive, tag, cur);
-            // Shared experts' backward runs while the gradient all-to-all is in flight.
+            // Shared experts' backward runs while the gradient all-to-all is in flight (issued
+            // before the reorder, which waits for it).
             let shared = (m.arch.moe_shared_ffn_hidden > 0)
                 .then(|| self.shared_expert_backward(tag, shared_in));
+            cur = self.optional_pass(perm.name("moe_unsort_bwd"), perm.receive, tag, cur);
             if self.fp8_act_cache() {
                 // DeepSeek-V3 (Sec. 3.3.3): only the SwiGLU input is cached (in FP8); its
                 // output, the fc2 weight-gradient input, is recomputed.

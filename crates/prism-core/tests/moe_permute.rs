@@ -9,7 +9,11 @@
 use prism_core::arch::fixtures::small_deepseek_job;
 use prism_core::graph::{ExecutionGraph, OpKind};
 use prism_core::job::{Job, MoeDispatcher};
+use std::collections::BTreeMap;
+
+use prism_core::layout::GroupKind;
 use prism_core::ops::Work;
+use prism_core::{SimOptions, simulate};
 
 const NAMES: [&str; 8] = [
     "moe_permute_fwd",
@@ -106,5 +110,54 @@ fn permutation_passes_follow_each_dispatcher() {
                 None => assert_eq!(n, 0, "{name} ep {ep} {dispatcher:?}"),
             }
         }
+    }
+}
+
+/// Invariant: the shared experts still overlap the expert-parallel all-to-all they were placed
+/// beside (the combine in forward, its gradient in backward) now that a permutation pass waits
+/// for that all-to-all: each shared-expert GEMM that follows an all-to-all starts before it ends.
+#[test]
+fn shared_experts_run_while_the_all_to_all_is_in_flight() {
+    for dispatcher in [MoeDispatcher::AllToAll, MoeDispatcher::DeepEp] {
+        let j = job(4, dispatcher);
+        let opts = SimOptions {
+            record_ranks: vec![0],
+            unfused: true,
+            ..SimOptions::default()
+        };
+        let r = simulate(&j, &opts).expect("simulates");
+        let prog = &r.graph.programs[0];
+        let times: BTreeMap<u32, (u64, u64)> = r.timelines[0]
+            .ops
+            .iter()
+            .map(|o| (o.op, (o.start, o.end)))
+            .collect();
+        let mut last_a2a = None;
+        let mut checked = 0;
+        for op in 0..prog.kind.len() as u32 {
+            match &prog.kind[op as usize] {
+                OpKind::Collective {
+                    group: GroupKind::Ep,
+                    ..
+                } => last_a2a = Some(op),
+                OpKind::Compute(c)
+                    if c.name == "shared_fc1_fwd" || c.name == "shared_fc2_dgrad" =>
+                {
+                    let a2a = last_a2a.expect("an all-to-all before the shared experts");
+                    let (start, _) = times[&op];
+                    let (a2a_start, a2a_end) = times[&a2a];
+                    assert!(a2a_end > a2a_start, "the all-to-all takes time");
+                    assert!(
+                        start < a2a_end,
+                        "{dispatcher:?}: {} starts at {start}, after its all-to-all ends ({a2a_end})",
+                        c.name
+                    );
+                    checked += 1;
+                }
+                _ => {}
+            }
+        }
+        // 7 MoE layers x 8 micro-batches, forward and backward.
+        assert_eq!(checked, 2 * 7 * 8, "{dispatcher:?}");
     }
 }
