@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import timed  # noqa: E402
+from timing import graphed_us, timed  # noqa: E402
 
 DEV = "cuda"
 E4M3 = torch.float8_e4m3fn
@@ -39,12 +39,6 @@ def case(hidden, local, ffn, rows):
         w8 = [w[i].to(E4M3) for i in range(local)]  # (n, k) row-major: its .t() is column-major
         one = torch.ones((), device=DEV)
         flops = 2.0 * local * rows * k * n
-        grouped = timed(lambda: torch._grouped_mm(x, wt, offs=offs))
-        loop_bf16 = timed(lambda: [xs[i] @ wt[i] for i in range(local)])
-        loop_fp8 = timed(lambda: [torch._scaled_mm(x8[i], w8[i].t(), scale_a=one, scale_b=one,
-                                                   out_dtype=torch.bfloat16)
-                                  for i in range(local)])
-        # The same loop captured in a CUDA graph: the GPU time without the host's launches.
         def loop8():
             return [torch._scaled_mm(x8[i], w8[i].t(), scale_a=one, scale_b=one,
                                      out_dtype=torch.bfloat16) for i in range(local)]
@@ -52,15 +46,11 @@ def case(hidden, local, ffn, rows):
         def loop16():
             return [xs[i] @ wt[i] for i in range(local)]
 
-        graphed = {}
-        for key, fn in (("fp8", loop8), ("bf16", loop16)):
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            graphed[key] = timed(g.replay)
+        grouped = timed(lambda: torch._grouped_mm(x, wt, offs=offs))
+        loop_bf16 = timed(loop16)
+        loop_fp8 = timed(loop8)
+        # The same loops captured in a CUDA graph: the GPU time without the host's launches.
+        graphed = {"fp8": graphed_us(loop8, calls=1), "bf16": graphed_us(loop16, calls=1)}
         out[name] = {
             "fp8_loop_graph_us": graphed["fp8"], "bf16_loop_graph_us": graphed["bf16"],
             "m": rows, "n": n, "k": k, "flops": flops,
@@ -69,19 +59,6 @@ def case(hidden, local, ffn, rows):
             "fp8_over_bf16_grouped": grouped / graphed["fp8"],
         }
     return out
-
-
-def graphed_us(fn, calls=20):
-    """GPU time of one call of `fn`: `calls` back-to-back calls captured in a CUDA graph,
-    replayed (median of `timed`), divided by `calls`."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return timed(g.replay) / calls
 
 
 def sweep():

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import timed  # noqa: E402
+from timing import graphed_us  # noqa: E402
 
 DEV = "cuda"
 
@@ -54,17 +54,6 @@ def weighted_sum_rows(src, pos, w, dst, h, K: tl.constexpr, BLOCK: tl.constexpr)
             wj = tl.load(w + tok * K + j)
             acc += wj * tl.load(src + p * h + off, mask=m).to(tl.float32)
         tl.store(dst + tok * h + off, acc.to(tl.bfloat16), mask=m)
-
-
-def graphed_us(fn, calls=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return timed(g.replay) / calls
 
 
 def case(hidden, topk, tokens, experts):

@@ -43,6 +43,19 @@ def timed(fn, reps=10, loops=5, warmup=3):
     return statistics.median(loop_us(fn, reps) for _ in range(loops))
 
 
+
+def graphed_us(fn, calls=20):
+    """GPU time of one call of `fn`: `calls` back-to-back calls captured in a CUDA graph,
+    replayed (median of `timed`), divided by `calls`; the host's launches do not count."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return timed(g.replay) / calls
+
 KERNEL_FIELDS = ("kind", "variant", "m", "n", "k", "batch", "heads", "seq_q", "seq_kv",
                  "head_dim", "causal", "bytes", "us")
 
