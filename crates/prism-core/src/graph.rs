@@ -361,19 +361,10 @@ struct MoePermuteBytes {
 }
 
 impl MoePermuteBytes {
-    /// The name of receive-side pass `sort_name` (`moe_sort_*` / `moe_unsort_*`) under this
-    /// dispatcher.
-    fn name(&self, sort_name: &'static str) -> &'static str {
-        if !self.deepep {
-            return sort_name;
-        }
-        match sort_name {
-            "moe_sort_fwd" => "moe_permute_fwd",
-            "moe_unsort_fwd" => "moe_unpermute_fwd",
-            "moe_unsort_bwd" => "moe_unpermute_bwd",
-            "moe_sort_bwd" => "moe_permute_bwd",
-            other => other,
-        }
+    /// The name of a receive-side pass: the alltoall dispatcher's chunk reorder (`sort`) or
+    /// DeepEP's permutation (`permute`).
+    fn receive_name(&self, sort: &'static str, permute: &'static str) -> &'static str {
+        if self.deepep { permute } else { sort }
     }
 }
 
@@ -1507,7 +1498,12 @@ impl<'a> StageBuilder<'a> {
                     &[permuted],
                 )
                 .unwrap_or(permuted);
-            let c = self.optional_pass(perm.name("moe_sort_fwd"), perm.receive, tag, c);
+            let c = self.optional_pass(
+                perm.receive_name("moe_sort_fwd", "moe_permute_fwd"),
+                perm.receive,
+                tag,
+                c,
+            );
             let batch = local_experts;
             self.compute(
                 "expert_fc1_fwd",
@@ -1559,7 +1555,12 @@ impl<'a> StageBuilder<'a> {
                     &[],
                 );
             }
-            let fc2 = self.optional_pass(perm.name("moe_unsort_fwd"), perm.receive, tag, fc2);
+            let fc2 = self.optional_pass(
+                perm.receive_name("moe_unsort_fwd", "moe_unpermute_fwd"),
+                perm.receive,
+                tag,
+                fc2,
+            );
             let combined = self
                 .collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[fc2])
                 .unwrap_or(fc2);
@@ -2797,7 +2798,12 @@ impl<'a> StageBuilder<'a> {
             // before the reorder, which waits for it).
             let shared = (m.arch.moe_shared_ffn_hidden > 0)
                 .then(|| self.shared_expert_backward(tag, shared_in));
-            cur = self.optional_pass(perm.name("moe_unsort_bwd"), perm.receive, tag, cur);
+            cur = self.optional_pass(
+                perm.receive_name("moe_unsort_bwd", "moe_unpermute_bwd"),
+                perm.receive,
+                tag,
+                cur,
+            );
             if self.fp8_act_cache() {
                 // DeepSeek-V3 (Sec. 3.3.3): only the SwiGLU input is cached (in FP8); its
                 // output, the fc2 weight-gradient input, is recomputed.
@@ -2873,7 +2879,12 @@ impl<'a> StageBuilder<'a> {
                 tag,
                 &[],
             );
-            let dg = self.optional_pass(perm.name("moe_sort_bwd"), perm.receive, tag, dg);
+            let dg = self.optional_pass(
+                perm.receive_name("moe_sort_bwd", "moe_permute_bwd"),
+                perm.receive,
+                tag,
+                dg,
+            );
             let a2a = self.collective(GroupKind::Ep, Collective::AllToAll, a2a_bytes, tag, &[dg]);
             self.wgrad(
                 "expert_fc1_wgrad",

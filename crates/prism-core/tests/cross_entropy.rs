@@ -3,10 +3,11 @@
 //! read and write (`CrossEntropyFusion`), over the tokens and the vocabulary shard of the GPU,
 //! and a step with a cheaper loss is never slower.
 
-use prism_core::graph::{ExecutionGraph, OpKind};
+mod common;
+
+use prism_core::graph::ExecutionGraph;
 use prism_core::job::fixtures::small_job;
 use prism_core::job::{CrossEntropyFusion, Job, Stack};
-use prism_core::ops::Work;
 use prism_core::{SimOptions, simulate};
 
 /// TP 2 over one node with a large vocabulary, so that the loss is visible in the step.
@@ -23,19 +24,12 @@ fn job(fusion: CrossEntropyFusion) -> Job {
 /// Bytes of the first `loss_fwd` and `loss_bwd` ops of the last stage.
 fn loss_bytes(g: &ExecutionGraph) -> (u64, u64) {
     let p = g.programs.last().expect("a stage");
-    let find = |name: &str| {
-        p.kind
-            .iter()
-            .find_map(|k| match k {
-                OpKind::Compute(op) if op.name == name => match op.work {
-                    Work::Memory { bytes } => Some(bytes),
-                    _ => None,
-                },
-                _ => None,
-            })
+    let first = |name: &str| {
+        *common::memory_bytes_of(p, name)
+            .first()
             .unwrap_or_else(|| panic!("no {name}"))
     };
-    (find("loss_fwd"), find("loss_bwd"))
+    (first("loss_fwd"), first("loss_bwd"))
 }
 
 /// Truth: the kernels' own reads and writes per logit (Megatron's unfused loss 38 / 14 bytes,

@@ -6,13 +6,14 @@
 //! destination rank). The expected distinct ranks of a token are counted here by enumerating
 //! every top-k expert set, independently of the closed form the graph uses.
 
+mod common;
+
+use std::collections::BTreeMap;
+
 use prism_core::arch::fixtures::small_deepseek_job;
 use prism_core::graph::{ExecutionGraph, OpKind};
 use prism_core::job::{Job, MoeDispatcher};
-use std::collections::BTreeMap;
-
 use prism_core::layout::GroupKind;
-use prism_core::ops::Work;
 use prism_core::{SimOptions, simulate};
 
 const NAMES: [&str; 8] = [
@@ -32,22 +33,6 @@ fn job(ep: u32, dispatcher: MoeDispatcher) -> Job {
     job.parallel.moe_dispatcher = dispatcher;
     job.validate().expect("valid test job");
     job
-}
-
-/// (count, bytes of each) of every op called `name` in rank 0's program.
-fn passes(g: &ExecutionGraph, name: &str) -> (usize, Vec<u64>) {
-    let bytes: Vec<u64> = g.programs[0]
-        .kind
-        .iter()
-        .filter_map(|k| match k {
-            OpKind::Compute(op) if op.name == name => match op.work {
-                Work::Memory { bytes } => Some(bytes),
-                _ => panic!("{name} is not a memory pass"),
-            },
-            _ => None,
-        })
-        .collect();
-    (bytes.len(), bytes)
 }
 
 /// Expected distinct ranks that a uniformly random set of `k` of `experts` experts, `local`
@@ -101,7 +86,8 @@ fn permutation_passes_follow_each_dispatcher() {
             } else {
                 source
             };
-            let (n, bytes) = passes(&g, name);
+            let bytes = common::memory_bytes_of(&g.programs[0], name);
+            let n = bytes.len();
             match want {
                 Some(b) => {
                     assert_eq!(n, moe_layers * mbs, "{name} ep {ep} {dispatcher:?}");

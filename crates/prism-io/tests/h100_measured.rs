@@ -18,6 +18,13 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../validation/h100")
 }
 
+/// A measurement file of JSON (`validation/h100/<name>`, or a path relative to it).
+fn measured_json(name: &str) -> serde_json::Value {
+    let path = dir().join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// The one-GPU job of the measured step (also the GPU every kernel ran on).
 fn step_job() -> Job {
     prism_io::jobfile::load_job_file(&dir().join("llama-4layer-step.toml"), &[])
@@ -536,9 +543,7 @@ fn the_measured_training_step_is_predicted() {
     // Eager PyTorch launches unfused elementwise kernels (280 in this step) that Megatron-Core
     // fuses; the model describes the fused stack, so it must price less elementwise time.
     assert!(sim["elementwise"] < measured_classes["elementwise"].1);
-    let path = dir().join("step.json");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = measured_json("step.json");
     let measured = v["median_s"].as_f64().unwrap();
     let params = v["params"].as_f64().unwrap();
     let predicted = r.summary.iteration_time_s;
@@ -931,8 +936,7 @@ fn the_measured_megatron_1_7b_rank_step_is_predicted() {
     };
     let r = simulate(&job, &opts).unwrap_or_else(|e| panic!("{e}"));
     let (sim, measured_classes) = class_table(&r, "gpt_step_trace.json.gz");
-    let text = std::fs::read_to_string(dir().join("gpt_step.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = measured_json("gpt_step.json");
     let predicted = r.summary.iteration_time_s;
     for variant in ["eager", "compiled"] {
         let measured = v[variant]["median_s"].as_f64().unwrap();
@@ -1030,8 +1034,7 @@ fn long_context_attention_against_the_model() {
 /// host's share of a whole MoE layer in PyTorch eager.
 #[test]
 fn grouped_expert_gemms_and_the_host_against_the_model() {
-    let text = std::fs::read_to_string(dir().join("moe_host.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = measured_json("moe_host.json");
     let job = step_job();
     let m = model(&job, Precision::Bf16);
     println!("\nGrouped expert GEMMs: Prism's batched GEMM vs torch._grouped_mm on the H100");
@@ -1106,8 +1109,7 @@ fn grouped_expert_gemms_and_the_host_against_the_model() {
 /// reduction-length units gives one constant speed-up instead.
 #[test]
 fn fp8_speedup_grows_with_the_reduction_length() {
-    let text = std::fs::read_to_string(dir().join("moe_fp8.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = measured_json("moe_fp8.json");
     let job = step_job();
     let (m8, m16) = (model(&job, Precision::Fp8), model(&job, Precision::Bf16));
     let one = |m, n, k| Work::Gemm { m, n, k, batch: 1 };
@@ -1118,12 +1120,8 @@ fn fp8_speedup_grows_with_the_reduction_length() {
         predicted_us(&m16, OpClass::Gemm, large) / predicted_us(&m8, OpClass::Gemm, large);
     // The H200 (`validation/h200/moe_fp8.json`, same script and software) has the same SMs and
     // clocks: the same model holds.
-    for (gpu, path) in [
-        ("H100", dir().join("moe_fp8.json")),
-        ("H200", dir().join("../h200/moe_fp8.json")),
-    ] {
-        let sv: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let h200 = measured_json("../h200/moe_fp8.json");
+    for (gpu, sv) in [("H100", &v), ("H200", &h200)] {
         println!(
             "\n{gpu}: FP8 / BF16 speed-up over k (model; constant-overhead model {constant:.2})"
         );
@@ -1222,8 +1220,7 @@ fn fp8_speedup_grows_with_the_reduction_length() {
 /// same bytes (`moe_permute_*`, `moe_unpermute_*`, `moe_sort_*`).
 #[test]
 fn fused_moe_permutations_against_the_memory_passes() {
-    let text = std::fs::read_to_string(dir().join("permute.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let v = measured_json("permute.json");
     let m = model(&step_job(), Precision::Bf16);
     println!("\nFused MoE permutations: Prism's memory pass vs the measured kernel");
     let mut errs = Vec::new();

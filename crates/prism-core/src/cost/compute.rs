@@ -716,23 +716,15 @@ impl ComputeModel {
         let flops = work.flops();
         match *work {
             Work::Gemm { m, n, k, batch } => {
-                let (peak, eff_max, bytes) = if fp8 {
+                let bytes = if fp8 {
                     // FP8 operands (1 B), BF16 output (2 B).
-                    let b = (m as f64 * k as f64 + k as f64 * n as f64 + 2.0 * m as f64 * n as f64)
-                        * batch as f64;
-                    (
-                        self.peak_gemm,
-                        self.params.gemm_eff_max_fp8 * self.fp8_recipe_rel,
-                        b,
-                    )
+                    (m as f64 * k as f64 + k as f64 * n as f64 + 2.0 * m as f64 * n as f64)
+                        * batch as f64
                 } else {
-                    (
-                        self.peak_bf16,
-                        self.params.gemm_eff_max_bf16,
-                        work.bytes(2.0),
-                    )
+                    work.bytes(2.0)
                 };
                 let compute = if flops > 0.0 {
+                    let (peak, eff_max) = self.gemm_ceiling(fp8);
                     self.gemm_compute_s(m, n, k, batch, peak * eff_max, self.k_overhead(fp8))
                 } else {
                     0.0
@@ -771,12 +763,21 @@ impl ComputeModel {
     /// dimension.
     pub fn gemm_efficiency(&self, m: u64, n: u64, k: u64) -> f64 {
         let fp8 = self.precision == Precision::Fp8 && self.peak_gemm != self.peak_bf16;
-        let eff_max = if fp8 {
-            self.params.gemm_eff_max_fp8 * self.fp8_recipe_rel
-        } else {
-            self.params.gemm_eff_max_bf16
-        };
+        let (_, eff_max) = self.gemm_ceiling(fp8);
         self.gemm_eff(m, n, k, 1, eff_max, self.k_overhead(fp8))
+    }
+
+    /// Peak and efficiency ceiling of a GEMM on FP8 (the scaling recipe's share of the FP8
+    /// ceiling) or on BF16 tensor cores.
+    fn gemm_ceiling(&self, fp8: bool) -> (f64, f64) {
+        if fp8 {
+            (
+                self.peak_gemm,
+                self.params.gemm_eff_max_fp8 * self.fp8_recipe_rel,
+            )
+        } else {
+            (self.peak_bf16, self.params.gemm_eff_max_bf16)
+        }
     }
 
     /// A tile's fixed cost (`gemm_k_overhead`) in reduction-length units of the GEMM's own
@@ -787,13 +788,11 @@ impl ComputeModel {
     /// FP8's speed-up over BF16 grows from 1.15 at k = 256 to 1.5 at 1,024 and 1.6-1.7 at
     /// 2,048-2,880, which a shared `gemm_k_overhead` (a constant 1.8) does not follow.
     fn k_overhead(&self, fp8: bool) -> f64 {
-        let p = &self.params;
-        if fp8 {
-            p.gemm_k_overhead * (self.peak_gemm * p.gemm_eff_max_fp8 * self.fp8_recipe_rel)
-                / (self.peak_bf16 * p.gemm_eff_max_bf16)
-        } else {
-            p.gemm_k_overhead
+        if !fp8 {
+            return self.params.gemm_k_overhead;
         }
+        let ((peak, eff), (peak16, eff16)) = (self.gemm_ceiling(true), self.gemm_ceiling(false));
+        self.params.gemm_k_overhead * (peak * eff) / (peak16 * eff16)
     }
 
     /// Compute time of a GEMM at `rate` = peak x eff_max FLOP/s: equal to
