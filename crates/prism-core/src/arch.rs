@@ -478,11 +478,14 @@ pub fn validate(job: &crate::job::Job) -> Result<(), JobError> {
         ));
     }
     let local = (0..m.layers).any(|l| m.local_attention(l).is_some());
-    if local && job.parallel.cp > 1 {
+    // Transformer Engine's all-to-all form holds the whole sequence on its heads, so a window
+    // applies as on one rank; the ring's and the gathered form's chunking of a window is not
+    // modelled.
+    if local && job.parallel.cp > 1 && job.parallel.cp_comm_type != crate::job::CpCommType::A2a {
         return Err(JobError::new(
             "parallel.cp",
             "context parallelism over local-attention layers (model.attention_window shorter \
-             than seq_len) is not modelled; use cp = 1",
+             than seq_len) is modelled with cp_comm_type = \"a2a\" only; use it or cp = 1",
         ));
     }
     if a.attention_window_kind == WindowKind::Chunked

@@ -1012,12 +1012,9 @@ impl<'a> Contention<'a> {
         let p2p = NCCL_P2P_SMS;
         let mut sms = [0u32; NUM_STREAMS];
         sms[Stream::Tp as usize] = if p.tp_comm_overlap { 0 } else { coll };
-        // Ring attention's exchanges are send/recv pairs (a send and a receive kernel);
-        // gathered keys and values a collective.
-        sms[Stream::Cp as usize] = match p.cp_comm_type {
-            crate::job::CpCommType::P2p => 2 * p2p,
-            crate::job::CpCommType::AllGather => coll,
-        };
+        // Gathered keys and values and Ulysses all-to-alls are collectives; ring attention's
+        // exchanges hold a send and a receive kernel instead ([`Contention::op_sms`]).
+        sms[Stream::Cp as usize] = coll;
         sms[Stream::Ep as usize] = if p.comm_sms > 0 { 0 } else { coll };
         sms[Stream::PpSend as usize] = p2p;
         sms[Stream::PpRecv as usize] = p2p;
@@ -1032,14 +1029,28 @@ impl<'a> Contention<'a> {
         }
     }
 
-    /// SMs held by the NCCL kernels of the busy streams `busy` (at most 255, more than any
-    /// GPU has: the cost model keeps one SM for compute whatever is held).
-    fn held(&self, busy: &[bool; NUM_STREAMS]) -> u32 {
+    /// SMs held by the NCCL kernels in flight on the busy streams of instance `i` of program
+    /// `p` (at most 255, more than any GPU has: the cost model keeps one SM for compute
+    /// whatever is held).
+    fn held(&self, p: &Program, i: &Inst) -> u32 {
         (0..NUM_STREAMS)
-            .filter(|&s| busy[s])
-            .map(|s| self.sms[s])
+            .filter(|&s| i.busy[s])
+            .map(|s| self.op_sms(s, &p.kind[p.stream_ops[s][i.pc[s] as usize] as usize]))
             .fold(0u32, u32::saturating_add)
             .min(255)
+    }
+
+    /// SMs held by op `kind` in flight on stream `s`: the stream's kernel, except that a ring
+    /// exchange (ring attention's step) is a send and a receive kernel, `NCCL_P2P_SMS` each,
+    /// on whichever stream runs it.
+    fn op_sms(&self, s: usize, kind: &OpKind) -> u32 {
+        match kind {
+            OpKind::Collective {
+                op: comm::Collective::RingExchange,
+                ..
+            } if self.sms[s] > 0 => 2 * NCCL_P2P_SMS,
+            _ => self.sms[s],
+        }
     }
 
     /// Duration of compute op `op` of program `prog` (kernel `c`) with `extra` SMs held by NCCL.
@@ -1261,9 +1272,10 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let mut replans = std::mem::take(&mut self.replans);
         for &inst in &replans {
+            let p = &self.graph.programs[self.insts[inst as usize].prog as usize];
             let i = &mut self.insts[inst as usize];
             i.replan = false;
-            let held = self.contention.as_ref().map_or(0, |c| c.held(&i.busy));
+            let held = self.contention.as_ref().map_or(0, |c| c.held(p, i));
             if held == i.chain_extra {
                 continue;
             }
@@ -1817,7 +1829,7 @@ impl<'a> Sim<'a> {
         let durations = &self.durations[prog as usize];
         let i = &mut self.insts[inst as usize];
         // SMs the NCCL kernels in flight hold.
-        let extra = self.contention.as_ref().map_or(0, |c| c.held(&i.busy));
+        let extra = self.contention.as_ref().map_or(0, |c| c.held(p, i));
         i.chain_extra = extra;
         let mut op = first;
         let mut start = start;

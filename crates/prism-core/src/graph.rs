@@ -1434,8 +1434,7 @@ impl<'a> StageBuilder<'a> {
             )
         };
         let mut cur = qkv.clone();
-        let cp = self.job.parallel.cp as u64;
-        if cp > 1 && !self.cp_ring(layer) {
+        if self.cp_gathers(layer) {
             let kv_bytes = self.sequence_kv_bytes();
             if let Some(c) =
                 self.collective(GroupKind::Cp, Collective::AllGather, kv_bytes, tag, &cur)
@@ -1673,6 +1672,9 @@ impl<'a> StageBuilder<'a> {
             if self.cp_ring(tag.layer) {
                 return self.ring_attention(name, tag, deps, false);
             }
+            if self.cp_a2a() {
+                return self.a2a_attention(name, tag, deps, false);
+            }
             return self.compute(
                 name,
                 OpClass::Attention,
@@ -1735,6 +1737,9 @@ impl<'a> StageBuilder<'a> {
         if self.job.training.flash_attention {
             if self.cp_ring(tag.layer) {
                 return self.ring_attention("attention_bwd", tag, deps, true);
+            }
+            if self.cp_a2a() {
+                return self.a2a_attention("attention_bwd", tag, deps, true);
             }
             return self.compute(
                 "attention_bwd",
@@ -1822,6 +1827,20 @@ impl<'a> StageBuilder<'a> {
             && p.cp_comm_type == CpCommType::P2p
             && self.job.training.flash_attention
             && self.job.model.local_attention(layer).is_none()
+    }
+
+    /// Whether attention runs as Transformer Engine's all-to-all form ([`CpCommType::A2a`]):
+    /// every layer, local windows included, since each rank then holds the whole sequence.
+    fn cp_a2a(&self) -> bool {
+        let p = &self.job.parallel;
+        p.cp > 1 && p.cp_comm_type == CpCommType::A2a && self.job.training.flash_attention
+    }
+
+    /// Whether `layer` gathers the whole sequence's keys and values before its attention and
+    /// reduce-scatters their gradients after it (context parallelism in neither the ring nor
+    /// the all-to-all form).
+    fn cp_gathers(&self, layer: u32) -> bool {
+        self.job.parallel.cp > 1 && !self.cp_ring(layer) && !self.cp_a2a()
     }
 
     /// Keys and values of the whole sequence of a micro-batch on this rank's heads: what the
@@ -1918,6 +1937,49 @@ impl<'a> StageBuilder<'a> {
         )
     }
 
+    /// Attention in the all-to-all form ([`CpCommType::A2a`]), forward (`backward == false`,
+    /// also the recomputed forward) or backward, as Transformer Engine's
+    /// `AttnFuncWithCPAndQKVOA2A` runs it (`flash_attn_a2a_communicate`): the tensors to send
+    /// are packed head-group first (one copy), exchanged by an all-to-all over the CP group and
+    /// put back in sequence order (one copy); forward exchanges the queries, keys and values
+    /// before the kernel and its output after it, backward the output and its gradient before
+    /// the kernel and the query, key and value gradients after it. The kernel runs over the
+    /// whole sequence on `1 / cp` of the rank's heads. Nothing overlaps the exchanges. Returns
+    /// the op the next one waits for.
+    fn a2a_attention(
+        &mut self,
+        name: &'static str,
+        tag: OpTag,
+        deps: &[u32],
+        backward: bool,
+    ) -> u32 {
+        let d = self.dims();
+        let qkv = d.t * (d.q_local + 2 * d.kv_local) * ACT_BYTES;
+        let out = d.t * d.o_local * ACT_BYTES;
+        let (before, after) = if backward { (2 * out, qkv) } else { (qkv, out) };
+        let (pack, unpack) = if backward {
+            ("cp_a2a_pack_bwd", "cp_a2a_unpack_bwd")
+        } else {
+            ("cp_a2a_pack_fwd", "cp_a2a_unpack_fwd")
+        };
+        let exchange = |b: &mut Self, bytes: u64, deps: &[u32]| -> u32 {
+            let packed = b.compute(pack, OpClass::Elementwise, Self::mem(2 * bytes), tag, deps);
+            let sent = b.collective(GroupKind::Cp, Collective::AllToAll, bytes, tag, &[packed]);
+            let ready: Vec<u32> = sent.into_iter().chain([packed]).collect();
+            b.compute(
+                unpack,
+                OpClass::Elementwise,
+                Self::mem(2 * bytes),
+                tag,
+                &ready,
+            )
+        };
+        let inputs = exchange(self, before, deps);
+        let work = self.attention_work(backward, tag.layer);
+        let kernel = self.compute(name, OpClass::Attention, work, tag, &[inputs]);
+        exchange(self, after, &[kernel])
+    }
+
     fn unfused(&self) -> Unfused {
         let m = &self.job.model;
         let par = &self.job.parallel;
@@ -1936,7 +1998,12 @@ impl<'a> StageBuilder<'a> {
     fn attention_work(&self, backward: bool, layer: u32) -> Work {
         let m = &self.job.model;
         let par = &self.job.parallel;
-        let cp = par.cp as u64;
+        // The all-to-all form splits the heads instead of the sequence.
+        let (cp, head_split) = if self.cp_a2a() {
+            (1, par.cp as u64)
+        } else {
+            (par.cp as u64, 1)
+        };
         let s = m.seq_len as u64;
         // With load-balanced context parallelism each rank computes 1/cp of the causal score
         // matrix: s/cp queries against s/2 keys on average (no mask), the same FLOPs.
@@ -1961,7 +2028,7 @@ impl<'a> StageBuilder<'a> {
         }
         Work::Attention {
             batch,
-            heads: m.heads as u64 / par.tp as u64,
+            heads: m.heads as u64 / par.tp as u64 / head_split,
             seq_q,
             seq_kv,
             head_dim: m.core_head_dim(),
@@ -2991,8 +3058,7 @@ impl<'a> StageBuilder<'a> {
         }
         let ab = self.attention_backward(tag, &[]);
         let mut after_attn = ab;
-        let cp = self.job.parallel.cp as u64;
-        if cp > 1 && !self.cp_ring(tag.layer) {
+        if self.cp_gathers(tag.layer) {
             let kv_bytes = self.sequence_kv_bytes();
             after_attn = self
                 .collective(

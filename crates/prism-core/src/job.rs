@@ -665,13 +665,22 @@ pub enum CpCommType {
     /// kernel over them) and reduce-scatter their gradients after its backward, not
     /// overlapped (`all_gather`).
     AllGather,
+    /// Ulysses-style head exchange (`a2a`, Transformer Engine's `AttnFuncWithCPAndQKVOA2A`):
+    /// an all-to-all turns the rank's queries, keys and values of `seq_len / cp` tokens on all
+    /// its heads into the whole sequence on `1 / cp` of its heads, one attention kernel runs
+    /// over the whole causal sequence (local windows included), and a second all-to-all
+    /// returns the output to the rank's tokens; backward exchanges the output and its
+    /// gradient before the kernel and the query, key and value gradients after it. Needs the
+    /// query and key/value heads of a tensor-parallel rank divisible by `cp`. Not overlapped.
+    A2a,
 }
 
 impl CpCommType {
     /// Job-file names (Megatron-Core's spellings).
-    pub const NAMES: [(&'static str, CpCommType); 2] = [
+    pub const NAMES: [(&'static str, CpCommType); 3] = [
         ("p2p", CpCommType::P2p),
         ("all_gather", CpCommType::AllGather),
+        ("a2a", CpCommType::A2a),
     ];
 }
 
@@ -1730,6 +1739,20 @@ impl Job {
                     2 * p.cp
                 ),
             ));
+        }
+        if p.cp > 1 && p.cp_comm_type == CpCommType::A2a {
+            // Transformer Engine asserts it: each rank ends up with `1 / cp` of the heads.
+            let (q, kv) = (m.heads / p.tp, m.kv_heads / p.tp);
+            if !q.is_multiple_of(p.cp) || !kv.is_multiple_of(p.cp) {
+                return Err(JobError::new(
+                    "parallel.cp",
+                    format!(
+                        "with cp_comm_type = \"a2a\" cp must divide the query and key/value \
+                         heads of a tensor-parallel rank ({q} and {kv} with tp {}; cp {})",
+                        p.tp, p.cp
+                    ),
+                ));
+            }
         }
         if p.splits_sequence() && !(m.seq_len / p.cp).is_multiple_of(p.tp) {
             return Err(JobError::new(

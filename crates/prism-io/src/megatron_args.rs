@@ -130,6 +130,8 @@ enum Arity {
     Switch,
     /// One value.
     Value,
+    /// One or more values (`nargs='+'`), kept joined by single spaces.
+    Values,
 }
 
 /// The arguments Prism reads (Megatron-LM's `megatron/training/arguments.py` names) and
@@ -170,7 +172,11 @@ const READ: &[(&str, Arity)] = &[
     ("--tensor-model-parallel-size", Arity::Value),
     ("--pipeline-model-parallel-size", Arity::Value),
     ("--context-parallel-size", Arity::Value),
-    ("--cp-comm-type", Arity::Value),
+    ("--cp-comm-type", Arity::Values),
+    ("--window-size", Arity::Value),
+    ("--window-attn-skip-freq", Arity::Value),
+    ("--moe-expert-capacity-factor", Arity::Value),
+    ("--moe-pad-expert-input-to-capacity", Arity::Switch),
     ("--expert-model-parallel-size", Arity::Value),
     ("--num-layers-per-virtual-pipeline-stage", Arity::Value),
     ("--num-virtual-stages-per-pipeline-rank", Arity::Value),
@@ -228,11 +234,6 @@ const NOT_MODELLED: &[(&str, &str)] = &[
         "expert tensor parallelism is not modelled (experts use the job's tp)",
     ),
     (
-        "--window-size",
-        "sliding-window attention from Megatron's --window-size is not read (set \
-         model.attention_window)",
-    ),
-    (
         "--cpu-offloading",
         "activation / weight offloading to the host is not modelled",
     ),
@@ -243,10 +244,6 @@ const NOT_MODELLED: &[(&str, &str)] = &[
     (
         "--recompute-modules",
         "per-module recomputation is not read (recompute is none, selective or full)",
-    ),
-    (
-        "--moe-expert-capacity-factor",
-        "the capacity factor is not read (set model.moe_capacity_factor)",
     ),
     (
         "--enable-cuda-graph",
@@ -1108,12 +1105,20 @@ impl Reader<'_> {
             };
             let value = match arity {
                 Arity::Switch => None,
-                Arity::Value => match inline {
+                Arity::Value | Arity::Values => match inline {
                     Some(v) => Some(v),
                     None => match ws.get(i) {
                         Some(v) if !v.starts_with("--") => {
                             i += 1;
-                            Some(v.clone())
+                            let mut v = v.clone();
+                            while arity == Arity::Values
+                                && let Some(more) = ws.get(i).filter(|w| !w.starts_with("--"))
+                            {
+                                v.push(' ');
+                                v.push_str(more);
+                                i += 1;
+                            }
+                            Some(v)
                         }
                         _ => {
                             return Err(self.err(name, Some(line_no), "expects a value"));
@@ -1359,6 +1364,80 @@ pub(crate) fn build(
                 int(t),
                 "--moe-router-group-topk",
             );
+        }
+        if let Some(cf) = r.num::<f64>("--moe-expert-capacity-factor")? {
+            if r.has("--moe-pad-expert-input-to-capacity") {
+                // Every expert computes and exchanges exactly its capacity.
+                out.put_arg(
+                    &r,
+                    "model",
+                    "moe_capacity_factor",
+                    toml::Value::Float(cf),
+                    "--moe-expert-capacity-factor",
+                );
+            } else {
+                r.notes.push(format!(
+                    "--moe-expert-capacity-factor {cf} without \
+                     --moe-pad-expert-input-to-capacity: an expert drops the tokens beyond its \
+                     capacity, so none computes more than {cf} x its share; the job is priced \
+                     dropless (model.moe_imbalance, default balanced)"
+                ));
+            }
+        }
+    }
+    // Sliding-window attention (Megatron-Core's `is_layer_window_attention`): `(left, right)`
+    // as Transformer Engine's window, on every layer but each `--window-attn-skip-freq`-th.
+    if let Some(w) = r.str("--window-size") {
+        let bad = |rule: String| r.err("--window-size", r.line("--window-size"), rule);
+        let parts: Vec<&str> = w
+            .trim_matches(|c| c == '(' || c == ')')
+            .split(',')
+            .collect();
+        let [left, right] = parts[..] else {
+            return Err(bad(format!("`{w}` is not a pair `(left,right)`")));
+        };
+        let (Ok(left), Ok(right)) = (left.trim().parse::<i64>(), right.trim().parse::<i64>())
+        else {
+            return Err(bad(format!("`{w}` is not a pair of integers")));
+        };
+        if right != 0 {
+            return Err(bad(format!(
+                "`{w}`: a window that looks {right} tokens ahead is not modelled (causal windows \
+                 `(left,0)` only)"
+            )));
+        }
+        if left >= 0 {
+            // A query sees itself and `left` keys before it: HF's `sliding_window` of left + 1.
+            let window = left
+                .checked_add(1)
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| bad(format!("`{w}`: the window is too large")))?;
+            out.put_arg(
+                &r,
+                "model",
+                "attention_window",
+                int(window),
+                "--window-size",
+            );
+            if let Some(freq) = r.str("--window-attn-skip-freq") {
+                let every: u32 = freq.parse().map_err(|_| {
+                    r.err(
+                        "--window-attn-skip-freq",
+                        r.line("--window-attn-skip-freq"),
+                        format!(
+                            "`{freq}` is not modelled: Prism reads an integer N (every N-th \
+                             layer attends to the whole sequence)"
+                        ),
+                    )
+                })?;
+                out.put_arg(
+                    &r,
+                    "model",
+                    "attention_global_every",
+                    int(every),
+                    "--window-attn-skip-freq",
+                );
+            }
         }
     }
     if r.has("--multi-latent-attention") {
@@ -1769,14 +1848,27 @@ pub(crate) fn build(
             ),
         );
     }
-    if let Some(t) = r.str("--cp-comm-type") {
-        // Megatron-Core's spellings are the job file's.
-        if !CpCommType::NAMES.iter().any(|(name, _)| *name == t) {
+    if let Some(list) = r.str("--cp-comm-type") {
+        // One type for every layer, or one per layer (Megatron's nargs='+'); Transformer
+        // Engine's spellings are the job file's.
+        let mut types = list.split(' ');
+        let t = types.next().unwrap_or_default();
+        if types.any(|other| other != t) {
             return Err(r.err(
                 "--cp-comm-type",
                 r.line("--cp-comm-type"),
-                format!("`{t}` is not modelled (p2p or all_gather)"),
+                format!("`{list}`: a different communication type per layer is not modelled"),
             ));
+        }
+        if !CpCommType::NAMES.iter().any(|(name, _)| *name == t) {
+            let rule = if t == "a2a+p2p" {
+                "`a2a+p2p` (hierarchical context parallelism, \
+                 --hierarchical-context-parallel-sizes) is not modelled (p2p, all_gather or a2a)"
+                    .to_string()
+            } else {
+                format!("`{t}` is not modelled (p2p, all_gather or a2a)")
+            };
+            return Err(r.err("--cp-comm-type", r.line("--cp-comm-type"), rule));
         }
         out.put_arg(&r, "parallel", "cp_comm_type", s(t), "--cp-comm-type");
     }

@@ -420,8 +420,8 @@ fn precision_aware_optimizer() {
     }
 }
 
-/// Truth: Megatron-Core's `--cp-comm-type` (p2p, the default, or all_gather; a2a is refused
-/// with the rule), and Transformer Engine's `NVTE_FUSED_ATTN=0` in the script, which leaves
+/// Truth: Megatron-Core's `--cp-comm-type` (p2p, the default, all_gather or a2a, one for
+/// every layer; hierarchical a2a+p2p and per-layer mixes are refused with the rule), and Transformer Engine's `NVTE_FUSED_ATTN=0` in the script, which leaves
 /// the flash-attn kernels (and with `NVTE_FLASH_ATTN=0` the unfused attention) unless
 /// `--attention-backend` names one.
 #[test]
@@ -443,13 +443,27 @@ fn cp_comm_type_and_te_attention_switches() {
         job("", "--cp-comm-type all_gather").parallel.cp_comm_type,
         CpCommType::AllGather
     );
-    let err = import_megatron(&format!("{base} --cp-comm-type a2a\n"), "cp.sh", &o)
-        .expect_err("a2a is not modelled");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("--cp-comm-type") && msg.contains("a2a"),
-        "{msg}"
+    assert_eq!(
+        job("", "--cp-comm-type a2a").parallel.cp_comm_type,
+        CpCommType::A2a
     );
+    // Megatron's nargs='+': one type per layer, read when every layer has the same one.
+    assert_eq!(
+        job("", "--cp-comm-type a2a a2a a2a --bf16")
+            .parallel
+            .cp_comm_type,
+        CpCommType::A2a
+    );
+    for (args, rule) in [
+        ("--cp-comm-type a2a+p2p", "hierarchical"),
+        ("--cp-comm-type p2p a2a", "per layer"),
+        ("--cp-comm-type allgather", "`allgather` is not modelled"),
+    ] {
+        let err =
+            import_megatron(&format!("{base} {args}\n"), "cp.sh", &o).expect_err("not modelled");
+        assert_eq!(err.flag, "--cp-comm-type", "{err}");
+        assert!(err.rule.contains(rule), "{args}: {err}");
+    }
     let flash = job("export NVTE_FUSED_ATTN=0\n", "");
     assert_eq!(flash.training.attention_backend, AttentionBackend::Flash2);
     assert!(flash.training.flash_attention);
@@ -509,4 +523,84 @@ fn cross_entropy_loss_fusion_and_its_implementation() {
             "{msg}"
         );
     }
+}
+
+/// Truth: Megatron-Core's sliding-window attention (`is_layer_window_attention` in
+/// `megatron/core/transformer/utils.py`): `--window-size (left,right)` is Transformer Engine's
+/// window, on every layer unless `--window-attn-skip-freq N` makes each N-th layer (1-indexed)
+/// attend to the whole sequence. `(4095,0)` lets a query see itself and 4,095 keys before it:
+/// a window of 4,096 in HF's count. Windows that look ahead and list patterns are refused
+/// with the flag named.
+#[test]
+fn window_size_and_skip_frequency() {
+    let base = "python pretrain_gpt.py --tensor-model-parallel-size 2 --num-layers 8 \
+                --hidden-size 1024 --num-attention-heads 16 --seq-length 16384 \
+                --micro-batch-size 1 --global-batch-size 16 --bf16 --vocab-size 32000";
+    let o = ImportOptions {
+        nodes: Some(1),
+        ..opts()
+    };
+    let job = |args: &str| import_text(&format!("{base} {args}\n"), "w.sh", &o).1;
+    let every = job("--window-size '(4095,0)'");
+    assert_eq!(every.model.arch.attention_window, 4096);
+    assert_eq!(every.model.arch.attention_global_every, 0);
+    assert!((0..8).all(|l| every.model.local_attention(l).is_some()));
+    let skip = job("--window-size 4095,0 --window-attn-skip-freq 4");
+    let local: Vec<bool> = (0..8)
+        .map(|l| skip.model.local_attention(l).is_some())
+        .collect();
+    // Megatron: layer_number % 4 != 0 is windowed, layer_number = l + 1.
+    assert_eq!(
+        local,
+        [true, true, true, false, true, true, true, false],
+        "{skip:?}"
+    );
+    // A negative left size is TE's "no window".
+    assert_eq!(job("--window-size (-1,0)").model.arch.attention_window, 0);
+    for (args, rule) in [
+        ("--window-size (128,128)", "ahead"),
+        ("--window-size 128", "pair"),
+        (
+            "--window-size (4095,0) --window-attn-skip-freq '[1,1,0]*2'",
+            "integer N",
+        ),
+    ] {
+        let err = import_megatron(&format!("{base} {args}\n"), "w.sh", &o).expect_err(args);
+        assert!(err.flag.starts_with("--window"), "{err}");
+        assert!(err.rule.contains(rule), "{args}: {err}");
+    }
+}
+
+/// Truth: Megatron-Core's capacity factor (`--moe-expert-capacity-factor`): with
+/// `--moe-pad-expert-input-to-capacity` every expert computes its full capacity (Prism's
+/// `model.moe_capacity_factor`); without padding the tokens beyond it are dropped, which the
+/// import says in a note and prices dropless.
+#[test]
+fn moe_capacity_factor_with_and_without_padding() {
+    let base = "python pretrain_gpt.py --tensor-model-parallel-size 1 --num-layers 4 \
+                --hidden-size 1024 --num-attention-heads 16 --seq-length 4096 \
+                --micro-batch-size 1 --global-batch-size 16 --bf16 --vocab-size 32000 \
+                --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8 \
+                --moe-expert-capacity-factor 1.25";
+    let o = ImportOptions {
+        nodes: Some(1),
+        ..opts()
+    };
+    let (_, padded) = import_text(
+        &format!("{base} --moe-pad-expert-input-to-capacity\n"),
+        "m.sh",
+        &o,
+    );
+    assert_eq!(padded.model.arch.moe_capacity_factor, 1.25);
+    let imported = import_megatron(&format!("{base}\n"), "m.sh", &o).unwrap();
+    let (_, dropping) = import_text(&format!("{base}\n"), "m.sh", &o);
+    assert_eq!(dropping.model.arch.moe_capacity_factor, 0.0);
+    assert!(
+        imported
+            .notes
+            .iter()
+            .any(|n| n.contains("--moe-expert-capacity-factor 1.25")),
+        "{:?}",
+        imported.notes
+    );
 }

@@ -470,6 +470,8 @@ fn launcher_env_vars_and_cp_comm_type() {
     let (toml, job) = import_text(&text, &opts());
     assert_eq!(job.parallel.cp, 2, "{toml}");
     assert_eq!(job.parallel.cp_comm_type, CpCommType::AllGather, "{toml}");
+    let (toml, job) = import_text(&text.replace("all_gather", "a2a"), &opts());
+    assert_eq!(job.parallel.cp_comm_type, CpCommType::A2a, "{toml}");
 }
 
 /// Megatron-Core's fused cross entropy as a NeMo config sets it: NeMo hands every
