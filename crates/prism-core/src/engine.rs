@@ -291,6 +291,8 @@ struct Inst {
     prog: u32,
     pc: [u32; NUM_STREAMS],
     busy: [bool; NUM_STREAMS],
+    /// SMs the NCCL kernel of each busy stream holds ([`Contention::op_sms`], set as it starts).
+    sms: [u32; NUM_STREAMS],
     started: [SimTime; NUM_STREAMS],
     last_done: [SimTime; NUM_STREAMS],
     mailbox: u32,
@@ -1029,13 +1031,12 @@ impl<'a> Contention<'a> {
         }
     }
 
-    /// SMs held by the NCCL kernels in flight on the busy streams of instance `i` of program
-    /// `p` (at most 255, more than any GPU has: the cost model keeps one SM for compute
-    /// whatever is held).
-    fn held(&self, p: &Program, i: &Inst) -> u32 {
+    /// SMs held by the NCCL kernels in flight on the busy streams of instance `i` (at most
+    /// 255, more than any GPU has: the cost model keeps one SM for compute whatever is held).
+    fn held(i: &Inst) -> u32 {
         (0..NUM_STREAMS)
             .filter(|&s| i.busy[s])
-            .map(|s| self.op_sms(s, &p.kind[p.stream_ops[s][i.pc[s] as usize] as usize]))
+            .map(|s| i.sms[s])
             .fold(0u32, u32::saturating_add)
             .min(255)
     }
@@ -1106,6 +1107,7 @@ impl<'a> Sim<'a> {
                 prog,
                 pc: [0; NUM_STREAMS],
                 busy: [false; NUM_STREAMS],
+                sms: [0; NUM_STREAMS],
                 started: [0; NUM_STREAMS],
                 last_done: [0; NUM_STREAMS],
                 mailbox,
@@ -1272,10 +1274,9 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let mut replans = std::mem::take(&mut self.replans);
         for &inst in &replans {
-            let p = &self.graph.programs[self.insts[inst as usize].prog as usize];
             let i = &mut self.insts[inst as usize];
             i.replan = false;
-            let held = self.contention.as_ref().map_or(0, |c| c.held(p, i));
+            let held = self.contention.as_ref().map_or(0, |_| Contention::held(i));
             if held == i.chain_extra {
                 continue;
             }
@@ -1770,8 +1771,13 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let p = self.program(inst);
         {
+            let sms = self
+                .contention
+                .as_ref()
+                .map_or(0, |c| c.op_sms(s, &p.kind[op as usize]));
             let i = &mut self.insts[inst as usize];
             i.busy[s] = true;
+            i.sms[s] = sms;
             i.started[s] = now;
         }
         if s != Stream::Compute as usize {
@@ -1829,7 +1835,7 @@ impl<'a> Sim<'a> {
         let durations = &self.durations[prog as usize];
         let i = &mut self.insts[inst as usize];
         // SMs the NCCL kernels in flight hold.
-        let extra = self.contention.as_ref().map_or(0, |c| c.held(p, i));
+        let extra = self.contention.as_ref().map_or(0, |_| Contention::held(i));
         i.chain_extra = extra;
         let mut op = first;
         let mut start = start;

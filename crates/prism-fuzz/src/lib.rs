@@ -107,11 +107,13 @@ impl Target {
                 include_str!("../../prism-io/tests/data/jobs/canonical.toml"),
                 include_str!("../../prism-io/tests/data/jobs/inline.toml"),
                 include_str!("../../prism-io/tests/data/jobs/megatron-aliases.toml"),
+                include_str!("../../prism-io/tests/data/jobs/cp-a2a.toml"),
                 include_str!("../../../validation/kineto/megatron-gpt-tp8-a100.toml"),
             ],
             Target::Megatron => &[
                 include_str!("../../prism-io/tests/data/megatron/llama3-70b-h100.sh"),
                 include_str!("../../prism-io/tests/data/megatron/gpt3-175b.cmd"),
+                include_str!("../../prism-io/tests/data/megatron/mistral-7b-32k-a2a.sh"),
             ],
             Target::Nemo => &[
                 include_str!("../../prism-io/tests/data/nemo/llama3-70b.yaml"),

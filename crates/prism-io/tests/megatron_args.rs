@@ -604,3 +604,65 @@ fn moe_capacity_factor_with_and_without_padding() {
         imported.notes
     );
 }
+
+/// A long-context script with a sliding window and Ulysses context parallelism (arrays, a
+/// quoted tuple): the window, the CP form and the layout are the script's, and the job runs
+/// with each layer's attention on the whole 32k sequence, 4 of the rank's 16 query heads and
+/// the 4,096-token window, between all-to-alls over the CP group.
+#[test]
+fn long_context_a2a_script() {
+    use prism_core::job::CpCommType;
+    use prism_core::layout::GroupKind;
+    use prism_core::ops::Work;
+    let o = ImportOptions {
+        nodes: None,
+        ..opts()
+    };
+    let (toml, job) = import("mistral-7b-32k-a2a.sh", &o);
+    assert_eq!(job.parallel.cp_comm_type, CpCommType::A2a, "{toml}");
+    assert_eq!(
+        (job.parallel.tp, job.parallel.cp, job.parallel.dp),
+        (2, 4, 4)
+    );
+    assert_eq!(job.model.arch.attention_window, 4096);
+    let r = prism_core::simulate(
+        &job,
+        &prism_core::SimOptions {
+            mode: prism_core::Mode::Reduced,
+            ..Default::default()
+        },
+    )
+    .expect("simulates");
+    let p = &r.graph.programs[0];
+    let mut kernels = 0;
+    let mut all_to_alls = 0;
+    for k in &p.kind {
+        match k {
+            prism_core::graph::OpKind::Compute(op) => {
+                if let Work::Attention {
+                    heads,
+                    seq_q,
+                    window,
+                    ..
+                } = op.work
+                {
+                    assert_eq!((heads, seq_q, window), (4, 32768, 4096), "{}", op.name);
+                    kernels += 1;
+                }
+            }
+            prism_core::graph::OpKind::Collective {
+                group: GroupKind::Cp,
+                op,
+                ..
+            } => {
+                assert_eq!(*op, prism_core::cost::comm::Collective::AllToAll);
+                all_to_alls += 1;
+            }
+            _ => {}
+        }
+    }
+    // Forward, the selective recompute of the core attention, and backward; two exchanges each.
+    assert_eq!(kernels, 32 * 16 * 3);
+    assert_eq!(all_to_alls, 2 * kernels);
+    assert!(r.summary.breakdown.cp_s > 0.0);
+}
