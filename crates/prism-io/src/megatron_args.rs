@@ -1231,7 +1231,10 @@ pub(crate) fn build(
     let given: Option<u32> = r.num("--vocab-size")?;
     let (orig, why) = match (tokenizer, given) {
         // The null tokenizer adds an end-of-document token after the vocabulary.
-        ("NullTokenizer", Some(v)) => (v + 1, format!("{} + 1 (NullTokenizer's EOD)", v)),
+        ("NullTokenizer", Some(v)) => (
+            v.saturating_add(1),
+            format!("{} + 1 (NullTokenizer's EOD)", v),
+        ),
         (_, Some(v)) => (
             v,
             match r.seen.get("--vocab-size").and_then(|s| s.from.clone()) {

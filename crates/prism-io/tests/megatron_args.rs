@@ -666,3 +666,19 @@ fn long_context_a2a_script() {
     assert_eq!(all_to_alls, 2 * kernels);
     assert!(r.summary.breakdown.cp_s > 0.0);
 }
+
+/// Found by the fuzzer: the null tokenizer's end-of-document token on the largest vocabulary
+/// a `u32` holds overflowed; the import now answers without panicking.
+#[test]
+fn null_tokenizer_on_the_largest_vocabulary() {
+    let text = "python pretrain_gpt.py --num-layers 2 --hidden-size 256 --num-attention-heads 4 \
+                --seq-length 1024 --micro-batch-size 1 --global-batch-size 8 --bf16 \
+                --tokenizer-type NullTokenizer --vocab-size 4294967295\n";
+    let o = ImportOptions {
+        nodes: Some(1),
+        ..opts()
+    };
+    if let Ok(imported) = import_megatron(text, "v.sh", &o) {
+        assert!(imported.toml.contains("vocab = 4294967295"), "{}", imported.toml);
+    }
+}
