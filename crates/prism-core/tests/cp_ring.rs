@@ -170,26 +170,33 @@ fn ring_hides_its_exchanges_under_the_attention() {
     assert_eq!(xb[0].0, Collective::ReduceScatter);
 }
 
-/// Truth: determinism, and the reduced and slice modes agree with the full run for the ring.
+/// Truth: determinism, and the reduced and slice modes agree with the full run, for the ring
+/// and for the all-to-all form.
 #[test]
-fn ring_runs_agree_across_modes() {
-    let job = cp_job(8192, 4, CpCommType::P2p);
-    let full = simulate(&job, &SimOptions::default()).expect("full");
-    let again = simulate(&job, &SimOptions::default()).expect("again");
-    assert_eq!(
-        full.summary.iteration_time_s.to_bits(),
-        again.summary.iteration_time_s.to_bits()
-    );
-    let reduced = simulate(
-        &job,
-        &SimOptions {
-            mode: prism_core::Mode::Reduced,
-            ..SimOptions::default()
-        },
-    )
-    .expect("reduced");
-    assert_eq!(
-        full.summary.iteration_time_s.to_bits(),
-        reduced.summary.iteration_time_s.to_bits()
-    );
+fn cp_runs_agree_across_modes() {
+    for kind in [CpCommType::P2p, CpCommType::A2a] {
+        let job = cp_job(8192, 4, kind);
+        let full = simulate(&job, &SimOptions::default()).expect("full");
+        let again = simulate(&job, &SimOptions::default()).expect("again");
+        assert_eq!(
+            full.summary.iteration_time_s.to_bits(),
+            again.summary.iteration_time_s.to_bits(),
+            "{kind:?}"
+        );
+        for mode in [prism_core::Mode::Reduced, prism_core::Mode::Slice(vec![3, 13])] {
+            let part = simulate(
+                &job,
+                &SimOptions {
+                    mode: mode.clone(),
+                    ..SimOptions::default()
+                },
+            )
+            .expect("reduced or slice");
+            assert_eq!(
+                full.summary.iteration_time_s.to_bits(),
+                part.summary.iteration_time_s.to_bits(),
+                "{kind:?}, {mode:?}"
+            );
+        }
+    }
 }
