@@ -412,8 +412,13 @@ pub fn run(args: &ExploreArgs) -> Result<()> {
 
 fn label(job: &Job) -> String {
     let p = &job.parallel;
+    let form = if p.cp > 1 {
+        format!(" ({})", p.cp_comm_type.name())
+    } else {
+        String::new()
+    };
     format!(
-        "tp {} pp {} dp {} cp {} vpp {} mb {} recompute {} dist-opt {}",
+        "tp {} pp {} dp {} cp {}{form} vpp {} mb {} recompute {} dist-opt {}",
         p.tp,
         p.pp,
         p.dp,
@@ -433,6 +438,7 @@ fn set_args(job: &Job) -> Vec<String> {
         format!("parallel.tp={}", p.tp),
         format!("parallel.pp={}", p.pp),
         format!("parallel.cp={}", p.cp),
+        format!("parallel.cp_comm_type={}", p.cp_comm_type.name()),
         format!("parallel.dp={}", p.dp),
         format!("parallel.vpp={}", p.vpp),
         format!("parallel.micro_batch={}", p.micro_batch),
@@ -466,6 +472,7 @@ fn candidate_json(rank: usize, e: &Evaluated, objective: Objective) -> Value {
         "pp": p.pp,
         "dp": p.dp,
         "cp": p.cp,
+        "cp_comm_type": p.cp_comm_type.name(),
         "ep": p.ep,
         "vpp": p.vpp,
         "micro_batch": p.micro_batch,
@@ -528,12 +535,13 @@ fn print_table(
     outln!()?;
     let q = sampling.is_some();
     out!(
-        "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>9} {:>8} {:>11} {:>6} {:>8}",
+        "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>10} {:>3} {:>3} {:>9} {:>8} {:>11} {:>6} {:>8}",
         "rank",
         "tp",
         "pp",
         "dp",
         "cp",
+        "cp form",
         "vpp",
         "mb",
         "recompute",
@@ -549,12 +557,13 @@ fn print_table(
     for (i, e) in rows.iter().enumerate() {
         let p = &e.job.parallel;
         out!(
-            "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>3} {:>3} {:>9} {:>8} {:>11.4} {:>5.1}% {:>8.1}",
+            "  {:>4} {:>3} {:>3} {:>5} {:>3} {:>10} {:>3} {:>3} {:>9} {:>8} {:>11.4} {:>5.1}% {:>8.1}",
             i + 1,
             p.tp,
             p.pp,
             p.dp,
             p.cp,
+            if p.cp > 1 { p.cp_comm_type.name() } else { "-" },
             p.vpp,
             p.micro_batch,
             recompute_name(p.recompute),

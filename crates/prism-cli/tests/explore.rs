@@ -61,6 +61,7 @@ fn check_feasible(job: &str, extra: &[String], v: &serde_json::Value, gpus: u64)
             assert_eq!(e[k].as_u64().unwrap(), val as u64, "{k} in {e}");
         }
         assert_eq!(p.tp * p.pp * p.cp * p.dp, gpus as u32);
+        assert_eq!(e["cp_comm_type"], p.cp_comm_type.name(), "{e}");
         let peak = prism_core::memory::peak_memory(j).1.total();
         assert_eq!(peak, e["peak_memory_bytes"].as_u64().unwrap());
         assert!(peak as f64 <= j.cluster.gpu.hbm_gib * (1u64 << 30) as f64);
@@ -91,6 +92,44 @@ fn deterministic_search() {
         assert_eq!(f(e, "objective_s"), f(e, "iteration_time_s"));
         assert!(e.get("sampled").is_none());
     }
+    // Context parallelism is searched in both of Transformer Engine's overlapped forms (the
+    // job says nothing, so its layouts without CP keep the default ring): every feasible layout
+    // with cp > 1 of one form has its twin in the other when the twin fits.
+    let form = |e: &serde_json::Value| e["cp_comm_type"].as_str().unwrap().to_string();
+    let key = |e: &serde_json::Value| {
+        let mut k: Vec<String> = sets(e)
+            .into_iter()
+            .filter(|s| !s.starts_with("parallel.cp_comm_type"))
+            .collect();
+        k.sort();
+        k
+    };
+    let with_cp: Vec<_> = ranking
+        .iter()
+        .filter(|e| e["cp"].as_u64() > Some(1))
+        .collect();
+    assert!(with_cp.iter().any(|e| form(e) == "a2a"));
+    assert!(with_cp.iter().any(|e| form(e) == "p2p"));
+    assert!(
+        ranking
+            .iter()
+            .filter(|e| e["cp"].as_u64() == Some(1))
+            .all(|e| form(e) == "p2p")
+    );
+    for e in &with_cp {
+        let twins = with_cp
+            .iter()
+            .filter(|o| key(o) == key(e) && form(o) != form(e))
+            .count();
+        assert!(twins <= 1, "{e}");
+    }
+    let pairs = with_cp
+        .iter()
+        .filter(|e| {
+            form(e) == "a2a" && with_cp.iter().any(|o| key(o) == key(e) && form(o) == "p2p")
+        })
+        .count();
+    assert!(pairs > 0);
     // The job's own layout (tp 2, pp 2, micro-batch 2) is there exactly once.
     let own: Vec<_> = ranking
         .iter()

@@ -682,6 +682,15 @@ impl CpCommType {
         ("all_gather", CpCommType::AllGather),
         ("a2a", CpCommType::A2a),
     ];
+
+    /// The job-file name.
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, t)| *t == self)
+            .map(|(n, _)| *n)
+            .expect("every form is named")
+    }
 }
 
 /// Scaling granularity of FP8 GEMM operands. Finer scales keep more precision and cost GEMM

@@ -183,7 +183,10 @@ fn cp_runs_agree_across_modes() {
             again.summary.iteration_time_s.to_bits(),
             "{kind:?}"
         );
-        for mode in [prism_core::Mode::Reduced, prism_core::Mode::Slice(vec![3, 13])] {
+        for mode in [
+            prism_core::Mode::Reduced,
+            prism_core::Mode::Slice(vec![3, 13]),
+        ] {
             let part = simulate(
                 &job,
                 &SimOptions {

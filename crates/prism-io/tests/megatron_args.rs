@@ -679,6 +679,10 @@ fn null_tokenizer_on_the_largest_vocabulary() {
         ..opts()
     };
     if let Ok(imported) = import_megatron(text, "v.sh", &o) {
-        assert!(imported.toml.contains("vocab = 4294967295"), "{}", imported.toml);
+        assert!(
+            imported.toml.contains("vocab = 4294967295"),
+            "{}",
+            imported.toml
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! `prism explore` as library calls: search the parallel layouts of a job for the fastest one.
 //!
 //! 1. [`feasible`]: enumerate every (tp, pp, dp, cp, vpp, micro_batch, recompute,
-//!    distributed_optimizer) for the job's model on its GPU count, global batch fixed; keep
+//!    distributed_optimizer, and with cp > 1 the context-parallel form: the job's own,
+//!    Transformer Engine's ring `p2p` and the all-to-all `a2a`) for the job's model on its GPU
+//!    count, global batch fixed; keep
 //!    those that pass [`Job::validate`] and fit in GPU memory ([`memory::peak_memory`]). The
 //!    job's own layout is always a candidate.
 //! 2. [`evaluate`]: simulate each feasible candidate once, deterministically (`Mode::Reduced`,
@@ -18,7 +20,7 @@
 
 use prism_core::cost::compute::KernelTable;
 use prism_core::engine::{Mode, SimError, SimOptions};
-use prism_core::job::{Job, Parallel, Recompute, Schedule};
+use prism_core::job::{CpCommType, Job, Parallel, Recompute, Schedule};
 use prism_core::layout::{Coord, Layout};
 use prism_core::memory;
 use prism_core::pipeline_layout::PipelineLayout;
@@ -144,6 +146,7 @@ pub fn same_layout(a: &Parallel, b: &Parallel) -> bool {
         b.first_stage_layers,
         b.last_stage_layers,
     ) && a.pipeline_layout == b.pipeline_layout
+        && a.cp_comm_type == b.cp_comm_type
 }
 
 /// Every candidate layout of `base` (validated or not), the job's own layout first.
@@ -179,6 +182,14 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
         .collect();
     // Sequence parallelism: as the job file says for tp > 1 (default on).
     let sp = |tp: u32| tp > 1 && (bp.tp == 1 || bp.sequence_parallel);
+    // Context-parallel forms: the job's own first, then the ring and the all-to-all (the
+    // latter's head rule is left to `Job::validate`).
+    let mut cp_forms = vec![bp.cp_comm_type];
+    for f in [CpCommType::P2p, CpCommType::A2a] {
+        if !cp_forms.contains(&f) {
+            cp_forms.push(f);
+        }
+    }
     let mut out = vec![base.clone()];
     for &tp in &tps {
         for (pp, first, last, layout) in &splits {
@@ -214,38 +225,47 @@ pub fn enumerate(base: &Job) -> Vec<Job> {
                         {
                             continue;
                         }
-                        for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
-                            for dist in [true, false] {
-                                let mut j = base.clone();
-                                let p = &mut j.parallel;
-                                p.tp = tp;
-                                p.pp = pp;
-                                p.cp = cp;
-                                p.dp = dp as u32;
-                                p.vpp = vpp;
-                                p.micro_batch = mb;
-                                p.recompute = recompute;
-                                p.set_distributed_optimizer(dist);
-                                p.sequence_parallel = sp(tp);
-                                // A job running Megatron-Core's combined 1F1B keeps it
-                                // wherever its rules allow (one chunk without pipeline
-                                // stages, several with them, no full recompute).
-                                let overlap = base.parallel.schedule == Schedule::OneFOneBOverlap
-                                    && (pp == 1) == (vpp == 1)
-                                    && recompute != Recompute::Full;
-                                p.schedule = if overlap {
-                                    Schedule::OneFOneBOverlap
-                                } else if vpp > 1 {
-                                    Schedule::Interleaved
-                                } else {
-                                    Schedule::OneFOneB
-                                };
-                                p.first_stage_layers = first;
-                                p.last_stage_layers = last;
-                                p.pipeline_layout = layout.as_ref().map(|(l, _)| l.clone());
-                                if !same_layout(&j.parallel, bp) {
-                                    out.push(j);
-                                }
+                        let forms = if cp > 1 {
+                            &cp_forms[..]
+                        } else {
+                            &cp_forms[..1]
+                        };
+                        let choices = forms.iter().flat_map(|&f| {
+                            [Recompute::None, Recompute::Selective, Recompute::Full]
+                                .into_iter()
+                                .flat_map(move |r| [(f, r, true), (f, r, false)])
+                        });
+                        for (form, recompute, dist) in choices {
+                            let mut j = base.clone();
+                            let p = &mut j.parallel;
+                            p.tp = tp;
+                            p.pp = pp;
+                            p.cp = cp;
+                            p.cp_comm_type = form;
+                            p.dp = dp as u32;
+                            p.vpp = vpp;
+                            p.micro_batch = mb;
+                            p.recompute = recompute;
+                            p.set_distributed_optimizer(dist);
+                            p.sequence_parallel = sp(tp);
+                            // A job running Megatron-Core's combined 1F1B keeps it
+                            // wherever its rules allow (one chunk without pipeline
+                            // stages, several with them, no full recompute).
+                            let overlap = base.parallel.schedule == Schedule::OneFOneBOverlap
+                                && (pp == 1) == (vpp == 1)
+                                && recompute != Recompute::Full;
+                            p.schedule = if overlap {
+                                Schedule::OneFOneBOverlap
+                            } else if vpp > 1 {
+                                Schedule::Interleaved
+                            } else {
+                                Schedule::OneFOneB
+                            };
+                            p.first_stage_layers = first;
+                            p.last_stage_layers = last;
+                            p.pipeline_layout = layout.as_ref().map(|(l, _)| l.clone());
+                            if !same_layout(&j.parallel, bp) {
+                                out.push(j);
                             }
                         }
                     }
