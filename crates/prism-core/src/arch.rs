@@ -480,12 +480,14 @@ pub fn validate(job: &crate::job::Job) -> Result<(), JobError> {
     let local = (0..m.layers).any(|l| m.local_attention(l).is_some());
     // Transformer Engine's all-to-all form holds the whole sequence on its heads, so a window
     // applies as on one rank; the ring's and the gathered form's chunking of a window is not
-    // modelled.
-    if local && job.parallel.cp > 1 && job.parallel.cp_comm_type != crate::job::CpCommType::A2a {
+    // modelled, nor unfused attention's (which gathers under every form).
+    let a2a = job.parallel.cp_comm_type == crate::job::CpCommType::A2a;
+    if local && job.parallel.cp > 1 && !(a2a && job.training.flash_attention) {
         return Err(JobError::new(
             "parallel.cp",
             "context parallelism over local-attention layers (model.attention_window shorter \
-             than seq_len) is modelled with cp_comm_type = \"a2a\" only; use it or cp = 1",
+             than seq_len) is modelled with cp_comm_type = \"a2a\" and fused attention only; \
+             use them or cp = 1",
         ));
     }
     if a.attention_window_kind == WindowKind::Chunked

@@ -254,6 +254,14 @@ fn a2a_applies_local_windows_as_one_rank_does() {
     let ring = windowed(CpCommType::P2p);
     let err = ring.validate().expect_err("ring over windows").to_string();
     assert!(err.contains("parallel.cp") && err.contains("a2a"), "{err}");
+    // Unfused attention gathers under every form, without the window.
+    let mut unfused = windowed(CpCommType::A2a);
+    unfused.training.flash_attention = false;
+    let err = unfused
+        .validate()
+        .expect_err("unfused over windows")
+        .to_string();
+    assert!(err.contains("fused attention"), "{err}");
     let job = windowed(CpCommType::A2a);
     job.validate().expect("a2a over windows");
     let g = ExecutionGraph::build(&job);

@@ -1111,8 +1111,15 @@ impl Reader<'_> {
                         Some(v) if !v.starts_with("--") => {
                             i += 1;
                             let mut v = v.clone();
+                            // More values are plain words: not the next flag, nor a shell
+                            // redirection or pipe (`2>&1 | tee log`) after the last one.
+                            let plain = |w: &&String| {
+                                !w.starts_with("--")
+                                    && w.chars()
+                                        .all(|c| c.is_ascii_alphanumeric() || "_+.-".contains(c))
+                            };
                             while arity == Arity::Values
-                                && let Some(more) = ws.get(i).filter(|w| !w.starts_with("--"))
+                                && let Some(more) = ws.get(i).filter(plain)
                             {
                                 v.push(' ');
                                 v.push_str(more);

@@ -447,13 +447,18 @@ fn cp_comm_type_and_te_attention_switches() {
         job("", "--cp-comm-type a2a").parallel.cp_comm_type,
         CpCommType::A2a
     );
-    // Megatron's nargs='+': one type per layer, read when every layer has the same one.
-    assert_eq!(
-        job("", "--cp-comm-type a2a a2a a2a --bf16")
-            .parallel
-            .cp_comm_type,
-        CpCommType::A2a
-    );
+    // Megatron's nargs='+': one type per layer, read when every layer has the same one; the
+    // list ends at the next flag or at the shell's redirections after the last one.
+    for (args, want) in [
+        ("--cp-comm-type a2a a2a a2a --bf16", CpCommType::A2a),
+        ("--cp-comm-type a2a 2>&1 | tee log.txt", CpCommType::A2a),
+        (
+            "--cp-comm-type all_gather > out.log &",
+            CpCommType::AllGather,
+        ),
+    ] {
+        assert_eq!(job("", args).parallel.cp_comm_type, want, "{args}");
+    }
     for (args, rule) in [
         ("--cp-comm-type a2a+p2p", "hierarchical"),
         ("--cp-comm-type p2p a2a", "per layer"),
