@@ -137,6 +137,10 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
     if p.moe_dispatcher == prism_core::job::MoeDispatcher::DeepEp {
         v["parallel"]["moe_dispatcher"] = json!("deepep");
     }
+    // How context-parallel attention exchanges its tensors, for jobs with context parallelism.
+    if p.cp > 1 {
+        v["parallel"]["cp_comm_type"] = json!(p.cp_comm_type.name());
+    }
     // How the interleaved schedule's pipeline messages overlap, in Megatron's two flags.
     if p.schedule == prism_core::job::Schedule::Interleaved {
         use prism_core::job::PipelineP2p;

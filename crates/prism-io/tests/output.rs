@@ -332,6 +332,15 @@ fn summary_json_contract() {
     assert_eq!(p["precision"], "bf16");
     assert_eq!(p["recompute"], "none");
     assert!(p["schedule"].is_string());
+    // Listed only for jobs with context parallelism, in the job file's spelling.
+    assert!(p.get("cp_comm_type").is_none());
+    let mut cp = job.clone();
+    cp.parallel.cp = 2;
+    cp.parallel.dp /= 2;
+    cp.parallel.cp_comm_type = prism_core::job::CpCommType::A2a;
+    cp.validate().expect("valid CP job");
+    let w = summary_json(&run(&cp, Mode::Reduced, &[]), &cp);
+    assert_eq!(w["parallel"]["cp_comm_type"], "a2a");
 
     // Full run of 16 ranks: every rank listed, each breakdown summing to the iteration time.
     assert_eq!(v["ranks_simulated"], 16);
