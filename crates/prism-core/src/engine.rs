@@ -311,6 +311,19 @@ struct Inst {
     replan: bool,
 }
 
+impl Inst {
+    /// SMs held by the NCCL kernels in flight on the busy streams (at most 255, more than any
+    /// GPU has: the cost model keeps one SM for compute whatever is held). Zero without
+    /// contention, where no op sets [`Inst::sms`].
+    fn held_sms(&self) -> u32 {
+        (0..NUM_STREAMS)
+            .filter(|&s| self.busy[s])
+            .map(|s| self.sms[s])
+            .fold(0u32, u32::saturating_add)
+            .min(255)
+    }
+}
+
 struct GroupState {
     arrived: Vec<u32>,
     start: Vec<SimTime>,
@@ -1031,16 +1044,6 @@ impl<'a> Contention<'a> {
         }
     }
 
-    /// SMs held by the NCCL kernels in flight on the busy streams of instance `i` (at most
-    /// 255, more than any GPU has: the cost model keeps one SM for compute whatever is held).
-    fn held(i: &Inst) -> u32 {
-        (0..NUM_STREAMS)
-            .filter(|&s| i.busy[s])
-            .map(|s| i.sms[s])
-            .fold(0u32, u32::saturating_add)
-            .min(255)
-    }
-
     /// SMs held by op `kind` in flight on stream `s`: the stream's kernel, except that a ring
     /// exchange (ring attention's step) is a send and a receive kernel, `NCCL_P2P_SMS` each,
     /// on whichever stream runs it.
@@ -1276,7 +1279,7 @@ impl<'a> Sim<'a> {
         for &inst in &replans {
             let i = &mut self.insts[inst as usize];
             i.replan = false;
-            let held = self.contention.as_ref().map_or(0, |_| Contention::held(i));
+            let held = i.held_sms();
             if held == i.chain_extra {
                 continue;
             }
@@ -1835,7 +1838,7 @@ impl<'a> Sim<'a> {
         let durations = &self.durations[prog as usize];
         let i = &mut self.insts[inst as usize];
         // SMs the NCCL kernels in flight hold.
-        let extra = self.contention.as_ref().map_or(0, |_| Contention::held(i));
+        let extra = i.held_sms();
         i.chain_extra = extra;
         let mut op = first;
         let mut start = start;

@@ -5,12 +5,15 @@
 //! as nothing overlaps them, local windows applied as on one rank, and the job rules (the
 //! agreement of the reduced and full runs is checked with the ring's in `cp_ring.rs`).
 
+mod common;
+
+use common::{Step, attention_steps, kernels};
 use prism_core::cost::comm::Collective;
 use prism_core::graph::{ExecutionGraph, OpKind, Phase};
 use prism_core::job::fixtures::small_job;
 use prism_core::job::{CpCommType, Job};
 use prism_core::layout::GroupKind;
-use prism_core::ops::{OpClass, Work};
+use prism_core::ops::Work;
 use prism_core::{SimOptions, simulate};
 
 /// Llama-like layers (16 query heads of 64, 8 key/value heads) on `nodes` nodes of 8 GPUs:
@@ -27,44 +30,9 @@ fn cp_job(nodes: u32, tp: u32, seq: u32, cp: u32, kind: CpCommType) -> Job {
     job
 }
 
-/// One op of layer 0, micro-batch 0, in program order: an attention kernel, a CP collective or
-/// an elementwise pass, with what it moves.
-#[derive(Debug, PartialEq)]
-enum Step {
-    Kernel(Work),
-    Exchange(Collective, u64),
-    Pass(&'static str, u64),
-}
-
 /// The attention-related ops of layer 0, micro-batch 0, of `phase`, in program order.
 fn layer0(g: &ExecutionGraph, phase: Phase) -> Vec<Step> {
-    let p = &g.programs[0];
-    let mut steps = Vec::new();
-    for (i, k) in p.kind.iter().enumerate() {
-        let t = p.tag[i];
-        if t.layer != 0 || t.micro_batch != 0 || t.phase != phase {
-            continue;
-        }
-        match k {
-            OpKind::Compute(op) if matches!(op.work, Work::Attention { .. }) => {
-                steps.push(Step::Kernel(op.work))
-            }
-            OpKind::Compute(op) if op.name.starts_with("cp_") => {
-                assert_eq!(op.class, OpClass::Elementwise, "{}", op.name);
-                let Work::Memory { bytes } = op.work else {
-                    panic!("{} is a memory pass", op.name)
-                };
-                steps.push(Step::Pass(op.name, bytes))
-            }
-            OpKind::Collective {
-                group: GroupKind::Cp,
-                op,
-                bytes,
-            } => steps.push(Step::Exchange(*op, *bytes)),
-            _ => {}
-        }
-    }
-    steps
+    attention_steps(g, 0, phase)
 }
 
 /// Truth: `AttnFuncWithCPAndQKVOA2A`. With `t = s / cp` tokens per rank, `q` and `kv` the
@@ -124,13 +92,7 @@ fn a2a_exchanges_and_kernel_follow_transformer_engine() {
 fn a2a_conserves_the_causal_attention_work() {
     let seq = 8192u32;
     let flops = |g: &ExecutionGraph, phase| -> f64 {
-        layer0(g, phase)
-            .iter()
-            .filter_map(|s| match s {
-                Step::Kernel(w) => Some(w.flops()),
-                _ => None,
-            })
-            .sum()
+        kernels(&layer0(g, phase)).iter().map(Work::flops).sum()
     };
     let one = ExecutionGraph::build(&cp_job(2, 1, seq, 1, CpCommType::A2a));
     let whole = flops(&one, Phase::Forward);
@@ -265,21 +227,8 @@ fn a2a_applies_local_windows_as_one_rank_does() {
     let job = windowed(CpCommType::A2a);
     job.validate().expect("a2a over windows");
     let g = ExecutionGraph::build(&job);
-    let p = &g.programs[0];
     for layer in 0..4u32 {
-        let kernels: Vec<Work> = p
-            .kind
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| {
-                let t = p.tag[*i];
-                t.layer == layer && t.micro_batch == 0 && t.phase == Phase::Forward
-            })
-            .filter_map(|(_, k)| match k {
-                OpKind::Compute(op) if matches!(op.work, Work::Attention { .. }) => Some(op.work),
-                _ => None,
-            })
-            .collect();
+        let kernels = kernels(&attention_steps(&g, layer, Phase::Forward));
         let window = if layer % 2 == 0 { 1024 } else { 0 };
         assert_eq!(
             kernels,

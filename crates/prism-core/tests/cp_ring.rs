@@ -3,11 +3,13 @@
 //! attention work conserved exactly, the exchanges hidden under the attention they overlap, and
 //! the gathered alternative kept.
 
+mod common;
+
+use common::{attention_steps, exchanges, kernels};
 use prism_core::cost::comm::Collective;
-use prism_core::graph::{ExecutionGraph, OpKind, Phase};
+use prism_core::graph::{ExecutionGraph, Phase};
 use prism_core::job::fixtures::small_job;
 use prism_core::job::{CpCommType, Job};
-use prism_core::layout::GroupKind;
 use prism_core::ops::Work;
 use prism_core::{SimOptions, simulate};
 
@@ -26,25 +28,8 @@ fn cp_job(seq: u32, cp: u32, kind: CpCommType) -> Job {
 
 /// The attention kernels and CP exchanges of layer 0, micro-batch 0, in program order.
 fn layer0(g: &ExecutionGraph, phase: Phase) -> (Vec<Work>, Vec<(Collective, u64)>) {
-    let p = &g.programs[0];
-    let mut attn = Vec::new();
-    let mut xch = Vec::new();
-    for (i, k) in p.kind.iter().enumerate() {
-        let t = p.tag[i];
-        if t.layer != 0 || t.micro_batch != 0 || t.phase != phase {
-            continue;
-        }
-        match k {
-            OpKind::Compute(op) if matches!(op.work, Work::Attention { .. }) => attn.push(op.work),
-            OpKind::Collective {
-                group: GroupKind::Cp,
-                op,
-                bytes,
-            } => xch.push((*op, *bytes)),
-            _ => {}
-        }
-    }
-    (attn, xch)
+    let steps = attention_steps(g, 0, phase);
+    (kernels(&steps), exchanges(&steps))
 }
 
 /// Truth: `AttnFuncWithCPAndKVP2P` (Transformer Engine) with `c = s / (2 cp)`: forward runs `cp`
