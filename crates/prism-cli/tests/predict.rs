@@ -88,10 +88,58 @@ fn variability_spreads_and_is_seeded() {
     assert_eq!(a, b);
     let s = &a["step_time_s"];
     assert!(s["max"].as_f64().unwrap() > s["min"].as_f64().unwrap());
-    let g = a["guarantee"]["training_time_days"]
+    // 16 clusters are too few for a valid bound at 0.95 / 0.95: none, and the note says why.
+    let g = &a["guarantee"];
+    assert!(g["training_time_days"].is_null(), "{g}");
+    let needed = g["min_clusters"].as_u64().unwrap();
+    assert!(
+        g["training_time_note"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("needs at least {needed}")),
+        "{g}"
+    );
+    assert_eq!(g["independent_clusters"], 16);
+    // Every reported quantile carries its Monte Carlo error, the interval around it.
+    for (what, summary) in [
+        ("step_time_s", s),
+        ("training_time_days", &a["training_time_days"]),
+    ] {
+        for k in ["p50", "p90", "p95", "p99"] {
+            let e = &a[format!("{what}_error")][k];
+            let (se, lo, hi) = (
+                e["se"].as_f64().unwrap(),
+                e["ci95"][0].as_f64().unwrap(),
+                e["ci95"][1].as_f64().unwrap(),
+            );
+            let x = summary[k].as_f64().unwrap();
+            assert!(
+                se > 0.0 && lo <= x && x <= hi && hi - lo < 8.0 * se + 1e-12,
+                "{what} {k}: {e}"
+            );
+        }
+    }
+    // With enough clusters there is a guarantee, above the median.
+    let more = prism(&[
+        "predict",
+        &job,
+        "--tokens",
+        "2e11",
+        "--samples",
+        "140",
+        "--clusters",
+        "70",
+        "--runs",
+        "700",
+        "--json",
+        "--seed",
+        "3",
+    ]);
+    let g = more["guarantee"]["training_time_days"]
         .as_f64()
-        .expect("guarantee with 400 runs");
-    assert!(g >= a["training_time_days"]["p50"].as_f64().unwrap());
+        .expect("guarantee with 70 clusters");
+    assert!(g >= more["training_time_days"]["p50"].as_f64().unwrap());
+    assert!(more["guarantee"]["training_time_note"].is_null());
     // The p95 step is attributed along its critical path; the parts sum to that step's path.
     let attr = a["p95_attribution"].as_array().expect("p95_attribution");
     assert!(!attr.is_empty());
@@ -294,4 +342,44 @@ fn pruning_changes_no_number() {
         "{}",
         pruned["step_method"]
     );
+}
+
+/// `--check-coverage N`: N seeds against a reference with 10x the clusters; the JSON contract.
+#[test]
+fn coverage_check_reports_its_contract() {
+    let job = data("gpu_speed_only.toml");
+    let v = prism(&[
+        "predict",
+        &job,
+        "--tokens",
+        "1e9",
+        "--samples",
+        "140",
+        "--clusters",
+        "70",
+        "--runs",
+        "700",
+        "--check-coverage",
+        "3",
+        "--json",
+    ]);
+    let c = &v["coverage"];
+    assert_eq!(c["seeds"], 3);
+    assert_eq!(c["nominal"], 0.95);
+    assert_eq!(c["reference"]["clusters"], 700);
+    assert_eq!(c["reference"]["samples"], 1400);
+    let observed = c["observed"].as_f64().unwrap();
+    let covered = c["covered"].as_u64().unwrap();
+    assert_eq!(observed, covered as f64 / 3.0);
+    let r = c["reference_quantile"].as_f64().unwrap();
+    let bounds = c["bounds"].as_array().unwrap();
+    assert_eq!(bounds.len(), 3);
+    let above = bounds.iter().filter(|b| b.as_f64().unwrap() >= r).count() as u64;
+    assert_eq!(above, covered);
+    let (lo, hi) = (
+        c["interval95"][0].as_f64().unwrap(),
+        c["interval95"][1].as_f64().unwrap(),
+    );
+    assert!(lo <= observed && observed <= hi);
+    assert!(c["median_margin_pct"].is_number() && c["step_time_s"]["observed"].is_number());
 }

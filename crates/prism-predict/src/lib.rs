@@ -12,11 +12,13 @@
 //!
 //! - [`variability`]: what varies (plain values of the job's `[variability]` section).
 //! - [`stats`]: seeded streams, distributions, maximum-likelihood fits, quantile bounds.
+//! - [`guarantee`]: bounds and Monte Carlo errors over independent clusters of samples.
 //! - [`perturbation`]: one sample's draws, as the engine plays them.
 //! - [`step_model`]: the max-plus step model, its fast sampler and replica pruning.
 //! - [`attribution`]: the critical path of a recorded iteration.
 //! - [`reliability`]: whole runs with failures, restarts, checkpoints and fail-slow episodes.
 //! - [`predict`]: `prism predict` as a library call (step samples, runs, guarantee).
+//! - [`coverage`]: `prism predict --check-coverage`, the guarantee's coverage over seeds.
 //! - [`explore`]: `prism explore` as a library call (layouts ranked by mean, p95 or p99).
 //!
 //! ```
@@ -33,7 +35,9 @@
 //! ```
 
 pub mod attribution;
+pub mod coverage;
 pub mod explore;
+pub mod guarantee;
 pub mod perturbation;
 pub mod predict;
 pub mod reliability;

@@ -18,6 +18,7 @@ use prism_core::job::Job;
 use prism_core::ops::OpClass;
 use rand::RngExt;
 
+use crate::guarantee::{self, NoBound, QuantileError};
 use crate::perturbation::Perturbation;
 use crate::reliability::{self, RunModel};
 use crate::stats;
@@ -71,9 +72,30 @@ impl Default for Shortcuts {
 }
 
 impl PredictOptions {
-    /// The default cluster count for `samples` samples: one cluster per 20 samples.
+    /// The default cluster count of `prism explore`'s sampled objectives for `samples`
+    /// samples: one cluster per 20 samples.
     pub fn default_clusters(samples: u64) -> u64 {
         (samples / 20).max(1)
+    }
+
+    /// `prism predict`'s default step samples.
+    pub const DEFAULT_SAMPLES: u64 = 400;
+
+    /// `prism predict`'s default clusters for `samples` samples and a guarantee at `quantile`
+    /// and `confidence`: 1.6 times the fewest independent clusters the bound needs
+    /// ([`guarantee::min_clusters`]), at least 100, at most one per sample. 100 for the
+    /// default 0.95 / 0.95.
+    pub fn predict_clusters(samples: u64, quantile: f64, confidence: f64) -> u64 {
+        let need = guarantee::min_clusters(quantile, confidence).unwrap_or(1);
+        need.saturating_mul(8)
+            .div_ceil(5)
+            .max(100)
+            .min(samples.max(1))
+    }
+
+    /// `prism predict`'s default runs for `clusters` clusters: ten per cluster, at least 1,000.
+    pub fn predict_runs(clusters: u64) -> u64 {
+        clusters.saturating_mul(10).max(1000)
     }
 }
 
@@ -115,6 +137,20 @@ pub struct Prediction {
     /// progress); the training-time summary covers the completed runs, and the guarantee counts
     /// an abandoned run as never finishing.
     pub abandoned_runs: u64,
+    /// Step samples by cluster, each ascending.
+    pub step_groups: Vec<Vec<f64>>,
+    /// Training times of the runs by cluster (run `r` on cluster `r % clusters`), each
+    /// ascending, `+inf` for an abandoned run.
+    pub run_groups: Vec<Vec<f64>>,
+    /// Monte Carlo error of the step time's p50, p90, p95 and p99 (cluster bootstrap; `None`
+    /// with fewer than two clusters).
+    pub step_error: [Option<QuantileError>; 4],
+    /// The same for the training time.
+    pub total_error: [Option<QuantileError>; 4],
+    /// Whether anything in the job's `[variability]` is random.
+    pub random: bool,
+    /// The guarantee at the requested quantile and confidence.
+    pub guarantee: Guarantee,
 }
 
 /// The most iterations a predicted run may have (`tokens / tokens per iteration`).
@@ -194,6 +230,7 @@ pub fn predict(
         fail_slow: v.fail_slow.clone(),
     };
     // Step samples by cluster (sample i ran on cluster i mod clusters).
+    let design = Design::new(opts.samples, clusters);
     let by_cluster: Vec<Vec<f64>> = (0..clusters)
         .map(|c| {
             step_samples
@@ -208,7 +245,7 @@ pub fn predict(
         .into_par_iter()
         .map(|r| {
             let mut rng = stats::stream_rng(seed, &[3, r]);
-            let own = &by_cluster[(r % clusters) as usize];
+            let own = &by_cluster[design.cluster(r) as usize];
             let one =
                 |rng: &mut rand_xoshiro::Xoshiro256PlusPlus| own[rng.random_range(0..own.len())];
             if block_exact {
@@ -242,9 +279,21 @@ pub fn predict(
         .collect();
     totals.sort_by(f64::total_cmp);
     let total = stats::summarize(&totals);
-    // The guarantee counts an abandoned run as one that never finishes.
-    let mut bounded = totals.clone();
-    bounded.resize(outcomes.len(), f64::INFINITY);
+    // Runs by cluster (run r trained on cluster r mod clusters); a run that never finishes
+    // counts as +inf in the guarantee.
+    let mut run_groups: Vec<Vec<f64>> = vec![Vec::new(); clusters as usize];
+    for (r, o) in outcomes.iter().enumerate() {
+        let t = if o.completed {
+            o.total_s
+        } else {
+            f64::INFINITY
+        };
+        run_groups[design.cluster(r as u64) as usize].push(t);
+    }
+    let mut step_groups = by_cluster;
+    for g in step_groups.iter_mut().chain(run_groups.iter_mut()) {
+        g.sort_by(f64::total_cmp);
+    }
     let completed = || outcomes.iter().filter(|o| o.completed);
     let kept = completed().count() as f64;
     let interruptions = completed().map(|o| o.interruptions as f64).sum::<f64>() / kept;
@@ -252,10 +301,14 @@ pub fn predict(
         .map(reliability::effective_training_ratio)
         .sum::<f64>()
         / kept;
-    let guarantee_s =
-        stats::guarantee(&bounded, opts.quantile, opts.confidence).filter(|t| t.is_finite());
-    let step_guarantee_s = stats::guarantee(&steps, opts.quantile, opts.confidence);
-    Ok(Prediction {
+    let errors = |groups: &[Vec<f64>], stream: u64| {
+        let g: Vec<&[f64]> = groups.iter().map(Vec::as_slice).collect();
+        let e = guarantee::cluster_bootstrap(&g, &REPORTED_QUANTILES, stream);
+        [e[0], e[1], e[2], e[3]]
+    };
+    let step_error = errors(&step_groups, stats::stream_rng(seed, &[10]).random());
+    let total_error = errors(&run_groups, stats::stream_rng(seed, &[11]).random());
+    let mut pr = Prediction {
         iterations,
         clusters,
         method,
@@ -266,13 +319,104 @@ pub fn predict(
         total,
         interruptions,
         effective_ratio,
-        guarantee_s,
-        step_guarantee_s,
+        guarantee_s: None,
+        step_guarantee_s: None,
         p95,
         block,
         block_exact,
         abandoned_runs,
-    })
+        step_groups,
+        run_groups,
+        step_error,
+        total_error,
+        random: v.is_random(),
+        guarantee: Guarantee::default(),
+    };
+    pr.guarantee = pr.guarantee_at(opts.quantile, opts.confidence);
+    pr.guarantee_s = pr.guarantee.training_s.clone().ok();
+    pr.step_guarantee_s = pr.guarantee.step_s.clone().ok();
+    Ok(pr)
+}
+
+/// The quantiles every summary reports with its Monte Carlo error: p50, p90, p95, p99.
+pub const REPORTED_QUANTILES: [f64; 4] = [0.5, 0.9, 0.95, 0.99];
+
+/// A guarantee "P(T <= t) >= quantile" at `confidence`, on the training time and the step time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Guarantee {
+    pub quantile: f64,
+    pub confidence: f64,
+    /// The bound on the training time, seconds, or why there is none.
+    pub training_s: Result<f64, NoBound>,
+    /// The bound on the step time, seconds, or why there is none.
+    pub step_s: Result<f64, NoBound>,
+    /// Independent clusters behind the bound.
+    pub clusters: u64,
+    /// The fewest clusters any bound at this quantile and confidence needs.
+    pub min_clusters: Option<u64>,
+    /// How the bound was made.
+    pub method: &'static str,
+}
+
+impl Default for Guarantee {
+    fn default() -> Self {
+        Guarantee {
+            quantile: f64::NAN,
+            confidence: f64::NAN,
+            training_s: Err(NoBound::BadArguments),
+            step_s: Err(NoBound::BadArguments),
+            clusters: 0,
+            min_clusters: None,
+            method: "",
+        }
+    }
+}
+
+/// The method line of a cluster-level bound.
+pub const CLUSTER_BOUND_METHOD: &str = "distribution-free upper confidence bound over \
+     independent clusters (betting test on each cluster's fraction of values below the bound)";
+
+/// The method line of a job in which nothing varies.
+pub const EXACT_METHOD: &str = "exact: nothing in [variability] is random, every sample and \
+     run is the same";
+
+impl Prediction {
+    /// The guarantee at `quantile` and `confidence` from this prediction's samples and runs:
+    /// the cluster-level bound of [`guarantee::cluster_quantile_bound`] (valid for the
+    /// dependence the sampling creates: runs sharing a cluster's GPUs and its step samples),
+    /// or, when nothing in the job varies, the one value every run takes.
+    pub fn guarantee_at(&self, quantile: f64, confidence: f64) -> Guarantee {
+        let bound = |groups: &[Vec<f64>]| {
+            let g: Vec<&[f64]> = groups.iter().map(Vec::as_slice).collect();
+            if !self.random && quantile > 0.0 && quantile < 1.0 {
+                // A point mass: its every quantile is its value.
+                let (lo, hi) = g
+                    .iter()
+                    .flat_map(|g| g.iter())
+                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                        (lo.min(x), hi.max(x))
+                    });
+                if lo == hi && hi.is_finite() {
+                    return Ok(hi);
+                }
+            }
+            guarantee::cluster_quantile_bound(&g, quantile, confidence)
+        };
+        let training_s = bound(&self.run_groups);
+        Guarantee {
+            quantile,
+            confidence,
+            training_s,
+            step_s: bound(&self.step_groups),
+            clusters: self.step_groups.iter().filter(|g| !g.is_empty()).count() as u64,
+            min_clusters: guarantee::min_clusters(quantile, confidence),
+            method: if self.random {
+                CLUSTER_BOUND_METHOD
+            } else {
+                EXACT_METHOD
+            },
+        }
+    }
 }
 
 /// The longest iteration a prediction accepts, seconds: the engine's time range.
@@ -341,10 +485,46 @@ pub fn with_fit_table(
     Ok(v)
 }
 
-/// Draws the perturbation of sample `i` on cluster `i % clusters`: the persistent per-GPU
-/// speeds belong to the cluster (the same GPUs for every step of a run); kernel jitter and the
-/// communication regime are fresh for every iteration.
-pub fn draw_in(job: &Job, v: &Variability, seed: u64, i: u64, clusters: u64) -> Perturbation {
+/// Where the step samples sit: `samples` samples spread over `clusters` clusters, sample `i` on
+/// cluster `i % clusters` as that cluster's `i / clusters`-th sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Design {
+    /// Step samples in all.
+    pub samples: u64,
+    /// Clusters (at least 1, at most `samples`).
+    pub clusters: u64,
+}
+
+impl Design {
+    /// `samples` samples on `clusters` clusters (clamped to `1..=samples`).
+    pub fn new(samples: u64, clusters: u64) -> Self {
+        Design {
+            samples,
+            clusters: clusters.clamp(1, samples.max(1)),
+        }
+    }
+
+    /// The cluster of sample `i`.
+    pub fn cluster(&self, i: u64) -> u64 {
+        i % self.clusters
+    }
+
+    /// How many samples cluster `k` holds.
+    pub fn size(&self, k: u64) -> u64 {
+        (self.samples + self.clusters - 1 - k) / self.clusters
+    }
+
+    /// The stratum of sample `i` within its cluster and the cluster's size: `(j, n)`.
+    pub fn stratum(&self, i: u64) -> (u64, u64) {
+        (i / self.clusters, self.size(self.cluster(i)))
+    }
+}
+
+/// Draws the perturbation of sample `i` of `design`: the persistent per-GPU speeds belong to
+/// the cluster (the same GPUs for every step of a run); kernel jitter and the communication
+/// regime are fresh for every iteration, the regime stratified within the cluster.
+pub fn draw_in(job: &Job, v: &Variability, seed: u64, i: u64, design: Design) -> Perturbation {
+    let clusters = design.clusters;
     let n = job.num_gpus() as usize;
     let mut rng = stats::stream_rng(seed, &[1, i % clusters.max(1)]);
     let rank_factor = match &v.gpu_speed {
@@ -379,15 +559,30 @@ pub fn draw_in(job: &Job, v: &Variability, seed: u64, i: u64, clusters: u64) -> 
         rank_factor,
         jitter,
         op_jitter,
-        comm_factor: comm_factor(v, seed, i),
+        comm_factor: comm_factor(v, seed, i, design),
         seed: stats::stream_rng(seed, &[2, i]).random::<u64>(),
     }
 }
 
-/// The communication regime of sample `i`.
-fn comm_factor(v: &Variability, seed: u64, i: u64) -> f64 {
+/// The communication regime of sample `i`. A cluster of `n > 1` samples is stratified: its
+/// `j`-th sample draws the regime's quantile at a uniform point of `[j / n, (j + 1) / n)`, so
+/// that the cluster's samples, each weighted `1 / n` as its runs draw them, cover the regime's
+/// law evenly. Each sample of a random cluster still has the regime's law on average over the
+/// strata, and a run's mean step time, which is what the whole run sums, no longer carries
+/// the noise of `n` independent regime draws (docs/predict.md, "The guarantee").
+fn comm_factor(v: &Variability, seed: u64, i: u64, design: Design) -> f64 {
+    let Some(c) = &v.comm_regime else {
+        return 1.0;
+    };
     let mut rng = stats::stream_rng(seed, &[4, i]);
-    (v.comm_regime.as_ref()).map_or(1.0, |c| c.factor.sample(&mut rng).max(1e-3))
+    let (j, n) = design.stratum(i);
+    let x = if n <= 1 {
+        c.factor.sample(&mut rng)
+    } else {
+        let u: f64 = rng.random();
+        c.factor.quantile((j as f64 + u) / n as f64)
+    };
+    x.max(1e-3)
 }
 
 /// The compiled step model and its fast statistics, when [`sample_steps`] used them.
@@ -433,7 +628,8 @@ pub fn sample_steps_frozen(
     use rayon::prelude::*;
     // The max-plus step model (frozen communication durations, exact order-statistic draws)
     // when the job and the jitter allow it; otherwise every rank runs in the engine.
-    let probe = draw_in(job, v, seed, 0, clusters);
+    let design = Design::new(samples, clusters);
+    let probe = draw_in(job, v, seed, 0, design);
     // Why the step model was not used, when it was not.
     let mut why_not: Option<String> = None;
     let step_model = if per_rank {
@@ -497,7 +693,7 @@ pub fn sample_steps_frozen(
     // factor and its communication factor; samples that share both share the iteration.
     let keys: Vec<Option<(u64, u64)>> = (0..samples)
         .into_par_iter()
-        .map(|i| symmetric_key(&draw_in(job, v, seed, i, clusters)))
+        .map(|i| symmetric_key(&draw_in(job, v, seed, i, design)))
         .collect();
     // Each distinct key: its first sample (simulated) and how many samples share it.
     let mut distinct: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
@@ -510,7 +706,7 @@ pub fn sample_steps_frozen(
     let shared: BTreeMap<(u64, u64), f64> = firsts
         .par_iter()
         .map(|&(k, (i, count))| {
-            let t = simulate_sample(job, v, seed, i, clusters, base_opts);
+            let t = simulate_sample(job, v, seed, i, design, base_opts);
             progress(count);
             t.map(|t| (k, t))
         })
@@ -521,7 +717,7 @@ pub fn sample_steps_frozen(
         .map(|i| match keys[i as usize] {
             Some(k) => Ok(shared[&k]),
             None => {
-                let t = simulate_sample(job, v, seed, i, clusters, base_opts);
+                let t = simulate_sample(job, v, seed, i, design, base_opts);
                 progress(1);
                 t
             }
@@ -547,10 +743,10 @@ fn simulate_sample(
     v: &Variability,
     seed: u64,
     i: u64,
-    clusters: u64,
+    design: Design,
     base_opts: &SimOptions,
 ) -> Result<f64, SimError> {
-    let p = draw_in(job, v, seed, i, clusters);
+    let p = draw_in(job, v, seed, i, design);
     let mode = if p.is_symmetric() {
         Mode::Reduced
     } else {
@@ -581,13 +777,17 @@ fn step_model_samples(
     progress: &Progress<'_>,
 ) -> Result<Vec<f64>, Error> {
     use rayon::prelude::*;
-    let clusters = clusters.clamp(1, samples.max(1));
+    let design = Design::new(samples, clusters);
+    let clusters = design.clusters;
     let by_cluster = (0..clusters)
         .into_par_iter()
         .map(|k| -> Result<Vec<(u64, f64)>, SimError> {
             let idx: Vec<u64> = (k..samples).step_by(clusters as usize).collect();
-            let rank_factor = draw_in(job, v, seed, k, clusters).rank_factor;
-            let comm: Vec<f64> = idx.iter().map(|&i| comm_factor(v, seed, i)).collect();
+            let rank_factor = draw_in(job, v, seed, k, design).rank_factor;
+            let comm: Vec<f64> = idx
+                .iter()
+                .map(|&i| comm_factor(v, seed, i, design))
+                .collect();
             // Sample j of the cluster, pruned when there is a pruner.
             let one = |j: usize, pruner: Option<&Pruner>| -> Result<(u64, f64), SimError> {
                 let (i, c) = (idx[j], comm[j]);
@@ -607,30 +807,35 @@ fn step_model_samples(
                     .map(|j| one(j, None))
                     .collect();
             }
-            // The pilots: the lowest and the highest regime (the first on ties).
+            // The pilots: the highest regime in full, then the lowest (the first on ties)
+            // pruned by the highest alone.
             let by = |better: fn(f64, f64) -> bool| {
                 (0..comm.len()).fold(0, |b, j| if better(comm[j], comm[b]) { j } else { b })
             };
             let (lo, hi) = (by(|a, b| a < b), by(|a, b| a > b));
-            let pilot = |j: usize| {
-                let r = m.sample_pilot(fast, &rank_factor, comm[j], sample_seed(seed, idx[j]));
-                progress(1);
-                r
-            };
-            let (a, b) = rayon::join(|| pilot(lo), || (hi != lo).then(|| pilot(hi)));
-            let (ta, pa) = a?;
-            let mut out = vec![(idx[lo], ta)];
-            let pb = match b.transpose()? {
-                Some((tb, pb)) => {
-                    out.push((idx[hi], tb));
-                    Some(pb)
+            let (th, ph) =
+                m.sample_pilot(fast, &rank_factor, comm[hi], sample_seed(seed, idx[hi]))?;
+            progress(1);
+            let mut out = vec![(idx[hi], th)];
+            let (pa, pb) = match Pruner::new(m, fast, &rank_factor, ph.clone(), None) {
+                Some(flat) if lo != hi => {
+                    let (tl, pl) = m.sample_pruned_pilot(
+                        fast,
+                        &flat,
+                        &rank_factor,
+                        comm[lo],
+                        sample_seed(seed, idx[lo]),
+                    )?;
+                    progress(1);
+                    out.push((idx[lo], tl));
+                    (ph, Some(pl))
                 }
-                None => None,
+                _ => (ph, None),
             };
             let pruner = Pruner::new(m, fast, &rank_factor, pa, pb);
             let rest = (0..idx.len())
                 .into_par_iter()
-                .filter(|&j| j != lo && j != hi)
+                .filter(|&j| j != hi && (j != lo || out.len() == 1))
                 .map(|j| one(j, pruner.as_ref()))
                 .collect::<Result<Vec<_>, _>>()?;
             out.extend(rest);
@@ -696,7 +901,13 @@ pub fn p95_attribution(
         .min_by(|a, b| a.1.total_cmp(b.1).then(a.0.cmp(&b.0)))
         .or_else(|| samples.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)))
         .ok_or_else(|| Error::Invalid("no step-time samples".into()))?;
-    let p = draw_in(job, v, seed, i as u64, clusters);
+    let p = draw_in(
+        job,
+        v,
+        seed,
+        i as u64,
+        Design::new(samples.len() as u64, clusters),
+    );
     let top_ops = |by_op: &[(String, f64)], class_of: &BTreeMap<String, String>| {
         by_op
             .iter()
@@ -829,7 +1040,7 @@ mod tests {
         .unwrap();
         assert!(model.is_none(), "symmetric samples use the engine");
         let direct = (0..samples)
-            .map(|i| simulate_sample(&job, v, 3, i, 2, &base).unwrap())
+            .map(|i| simulate_sample(&job, v, 3, i, Design::new(samples, 2), &base).unwrap())
             .collect();
         (steps, direct, ticks.into_inner())
     }

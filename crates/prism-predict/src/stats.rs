@@ -89,7 +89,7 @@ pub(crate) fn std_normal_cdf(z: f64) -> f64 {
 }
 
 /// Standard normal quantile `Phi^-1(p) = -sqrt 2 erfc^-1(2p)`, for `p` in `[0, 1]`.
-pub(crate) fn std_normal_quantile(p: f64) -> f64 {
+pub fn std_normal_quantile(p: f64) -> f64 {
     if p <= 0.0 {
         f64::NEG_INFINITY
     } else if p >= 1.0 {

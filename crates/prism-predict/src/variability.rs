@@ -119,3 +119,41 @@ pub struct Variability {
     /// Fail-stop failures and checkpoints.
     pub failures: Option<Failures>,
 }
+
+impl Dist {
+    /// Whether draws can differ (not a constant, nor an empirical table of one value).
+    pub fn is_random(&self) -> bool {
+        match self {
+            Dist::Constant(_) => false,
+            Dist::Empirical(v) => v.iter().any(|x| *x != v[0]),
+            _ => true,
+        }
+    }
+}
+
+impl Variability {
+    /// Whether anything varies between samples or runs: a non-constant distribution, GPU
+    /// outliers, or failures or fail-slow episodes at a positive rate.
+    pub fn is_random(&self) -> bool {
+        let gpu = self.gpu_speed.as_ref().is_some_and(|g| {
+            g.factor.is_random()
+                || (g.outlier_fraction > 0.0
+                    && g.outlier_fraction < 1.0
+                    && g.outlier_slowdown != 1.0)
+        });
+        gpu || self.kernel_jitter.iter().any(|j| j.factor.is_random())
+            || self.op_jitter.iter().any(|j| j.factor.is_random())
+            || self
+                .comm_regime
+                .as_ref()
+                .is_some_and(|c| c.factor.is_random())
+            || self
+                .fail_slow
+                .as_ref()
+                .is_some_and(|f| f.rate_per_gpu_hour > 0.0)
+            || self
+                .failures
+                .as_ref()
+                .is_some_and(|f| f.rate_per_gpu_hour > 0.0)
+    }
+}

@@ -20,15 +20,24 @@ pub(super) struct PruneWeights {
 /// `exp(-9^2 / 2) = 2.6e-18`.
 pub(super) const PRUNE_T2: f64 = 18.0;
 
-/// Every replica's boundary values in one fast sample ([`StepModel::sample_pilot`]).
+/// Every replica's boundary values in one fast sample ([`StepModel::sample_pilot`]), or those
+/// of the replicas a pruned sample evaluated ([`StepModel::sample_pruned_pilot`]).
 #[derive(Clone, Debug)]
 pub struct Pilot {
     pub(super) comm_factor: f64,
     pub(super) store: Vec<Vec<f64>>,
+    /// The replicas whose values `store` holds (empty: every replica).
+    pub(super) evaluated: Vec<bool>,
+}
+
+impl Pilot {
+    fn has(&self, r: usize) -> bool {
+        self.evaluated.is_empty() || self.evaluated[r]
+    }
 }
 
 /// Upper bounds on every replica's boundary values for samples of one cluster (fixed per-GPU
-/// speeds) with a communication regime between those of two pilots of the cluster.
+/// speeds) with a communication regime at most that of the cluster's higher pilot.
 ///
 /// A boundary value `F` is a longest path through segments of normal duration: a convex,
 /// non-decreasing function of the communication factor `c` and, in the sample's standard
@@ -37,7 +46,10 @@ pub struct Pilot {
 /// Gaussian concentration (Tsirelson-Ibragimov-Sudakov) gives `F <= E F + 9 L` and, for each
 /// independent pilot, `E F <= F_pilot + 9 L`, but for probability `2.6e-18` each; `E F` is
 /// convex in `c`, so at `c` between the pilots' `c0 <= c1` it is below the chord. The bound
-/// is the chord of the pilots plus `18 L` (and a rounding allowance of 1e-9 relative).
+/// is the chord of the pilots plus `18 L` (and a rounding allowance of 1e-9 relative). Below
+/// `c0`, `E F` is at most its value at `c0` (it is non-decreasing), so the bound at `c0` holds.
+/// A replica that the lower pilot did not evaluate (a pilot that was itself a pruned sample)
+/// is bounded by the higher pilot alone, flat: `E F(c) <= E F(c1)` for every `c <= c1`.
 #[derive(Clone, Debug)]
 pub struct Pruner {
     pub(super) c0: f64,
@@ -66,6 +78,10 @@ impl Pruner {
         } else {
             (b, a)
         };
+        // The higher pilot bounds every replica; it must hold them all.
+        if !hi.evaluated.is_empty() {
+            return None;
+        }
         let layout = &model.layout;
         let l = lanes(layout);
         let n = w.varying.len();
@@ -87,7 +103,12 @@ impl Pruner {
             for (&(s, j), &lip) in w.varying.iter().zip(&w.lip) {
                 let stride = model.stages[s as usize].slots as usize * l;
                 let i = r * stride + j as usize;
-                let (p0, p1) = (lo.store[s as usize][i], hi.store[s as usize][i]);
+                let p1 = hi.store[s as usize][i];
+                let p0 = if lo.has(r) {
+                    lo.store[s as usize][i]
+                } else {
+                    p1
+                };
                 // Concentration margin, and 1e-9 relative (plus 1 ps) for rounding.
                 let margin = PRUNE_T2 * fmax * lip + 1e-9 * p0.abs().max(p1.abs()) + 1.0;
                 base.push(p0 + margin);
@@ -195,8 +216,33 @@ impl StepModel {
             Pilot {
                 comm_factor,
                 store: trace.store,
+                evaluated: Vec::new(),
             },
         ))
+    }
+
+    /// [`StepModel::sample_pruned`] that also returns the boundary values of the replicas it
+    /// evaluated: a lower pilot for [`Pruner::new`] at the cost of a pruned sample, the
+    /// replicas it skipped then bounded by the higher pilot alone.
+    pub fn sample_pruned_pilot(
+        &self,
+        fast: &FastStats,
+        pruner: &Pruner,
+        rank_factor: &[f64],
+        comm_factor: f64,
+        seed: u64,
+    ) -> Result<(f64, Pilot), SimError> {
+        match self.pruned(fast, pruner, rank_factor, comm_factor, seed, true)? {
+            (t, _, Some((store, done))) => Ok((
+                t,
+                Pilot {
+                    comm_factor,
+                    store,
+                    evaluated: done,
+                },
+            )),
+            (_, _, None) => self.sample_pilot(fast, rank_factor, comm_factor, seed),
+        }
     }
 
     /// [`StepModel::sample_fast`] evaluating only the replicas that can matter, with the same
@@ -210,7 +256,7 @@ impl StepModel {
     /// tail (monotone in them, with its own draws) is evaluated twice, with each skipped value
     /// at its upper bound and at 0; equal ends mean the true values, in between, give that end
     /// too. If the ends differ, the skipped replicas are evaluated after all. Without per-GPU
-    /// speeds, or with a regime outside the pilots', every replica is evaluated.
+    /// speeds, or with a regime above the higher pilot's, every replica is evaluated.
     pub fn sample_pruned(
         &self,
         fast: &FastStats,
@@ -219,10 +265,27 @@ impl StepModel {
         comm_factor: f64,
         seed: u64,
     ) -> Result<(f64, usize), SimError> {
+        let (t, k, _) = self.pruned(fast, pruner, rank_factor, comm_factor, seed, false)?;
+        Ok((t, k))
+    }
+
+    /// [`StepModel::sample_pruned`], returning with `keep` the store and the evaluated
+    /// replicas when it pruned (`None` when it evaluated every replica through
+    /// [`StepModel::sample_fast`]).
+    #[allow(clippy::type_complexity)]
+    fn pruned(
+        &self,
+        fast: &FastStats,
+        pruner: &Pruner,
+        rank_factor: &[f64],
+        comm_factor: f64,
+        seed: u64,
+        keep: bool,
+    ) -> Result<(f64, usize, Option<(Vec<Vec<f64>>, Vec<bool>)>), SimError> {
         let dp = self.layout.dp as usize;
         let w = match &fast.prune {
             Some(w)
-                if (pruner.c0..=pruner.c1).contains(&comm_factor)
+                if comm_factor <= pruner.c1
                     && pruner.base.len() == dp * w.varying.len()
                     && !rank_factor.is_empty() =>
             {
@@ -230,7 +293,7 @@ impl StepModel {
             }
             _ => {
                 let t = self.sample_fast(fast, rank_factor, comm_factor, seed)?;
-                return Ok((t, dp));
+                return Ok((t, dp, None));
             }
         };
         let l = lanes(&self.layout);
@@ -239,7 +302,7 @@ impl StepModel {
         let mut draw = self.fast_draw(fast, rank_factor, comm_factor, seed)?;
         let scale = Scale::new(comm_factor, &draw);
         let lam = if pruner.c1 > pruner.c0 {
-            (comm_factor - pruner.c0) / (pruner.c1 - pruner.c0)
+            ((comm_factor - pruner.c0) / (pruner.c1 - pruner.c0)).max(0.0)
         } else {
             0.0
         };
@@ -319,13 +382,14 @@ impl StepModel {
             }
             self.tail(&mut store, &mut draw, scale, &mut b);
             if a.t == b.t {
-                return Ok((a.t * 1e-12, evaluated));
+                return Ok((a.t * 1e-12, evaluated, keep.then_some((store, done))));
             }
-            for r in (0..dp).filter(|&r| !done[r]) {
+            for (r, d) in done.iter_mut().enumerate().filter(|(_, d)| !**d) {
                 self.replica_to_store(tape, r, &mut draw, scale, &mut work, &mut store, &mut last);
+                *d = true;
             }
         }
         self.tail(&mut store, &mut draw, scale, &mut last);
-        Ok((last.t * 1e-12, dp))
+        Ok((last.t * 1e-12, dp, keep.then_some((store, done))))
     }
 }
