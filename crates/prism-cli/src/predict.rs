@@ -162,8 +162,15 @@ pub fn run(args: &PredictArgs) -> Result<()> {
         let reference = prism_predict::coverage::reference_options(&opts, n);
         bar.set_length(n * (samples + runs) + reference.samples + reference.runs);
         let clock = std::time::Instant::now();
-        let c =
-            prism_predict::coverage::check_coverage(job, v, &opts, &base_opts, n, &|k| bar.inc(k))?;
+        let c = prism_predict::coverage::check_coverage(
+            job,
+            v,
+            &opts,
+            &base_opts,
+            n,
+            &|k| bar.inc(k),
+            &|| clock.elapsed().as_secs_f64(),
+        )?;
         bar.finish_and_clear();
         return print_coverage(job, &c, clock.elapsed().as_secs_f64(), args.json);
     }
