@@ -7,13 +7,14 @@
 //! the nominal rate (0.95 -> 0.904, 0.90 -> 0.836). The seeds are fixed, so the test is
 //! deterministic; a valid bound fails it with probability below 0.2% per case and pair.
 
-use prism_core::engine::{Mode, SimOptions, simulate};
+use prism_core::engine::{SimOptions, simulate};
 use prism_core::job::Job;
 use prism_core::job::fixtures::small_job;
-use prism_core::ops::OpClass;
 use prism_predict::predict::{PredictOptions, Prediction, predict};
 use prism_predict::stats::{self, quantile_sorted, std_normal_quantile};
 use prism_predict::variability::{CommRegime, Dist, Failures, GpuSpeed, KernelJitter, Variability};
+
+mod common;
 
 const SEEDS: u64 = 200;
 const PAIRS: [(f64, f64); 3] = [(0.90, 0.90), (0.95, 0.95), (0.99, 0.95)];
@@ -111,28 +112,8 @@ fn reference(job: &Job, v: &Variability, tokens: f64, per_cluster: u64) -> Predi
 /// a run of one iteration takes one step, so its q-quantile is `T + z_q sd` exactly.
 #[test]
 fn closed_form_quantile_is_covered() {
-    let mut job = small_job(1, 1, 1, 8);
-    job.cluster.gpus_per_node = 1;
-    job.parallel.dp = 1;
     let sigma = 0.05;
-    let run = simulate(
-        &job,
-        &SimOptions {
-            mode: Mode::Full,
-            record_ranks: vec![0],
-            ..SimOptions::default()
-        },
-    )
-    .unwrap();
-    let prog = &run.graph.programs[0];
-    let var: f64 = (run.timelines[0].ops.iter())
-        .filter(|r| {
-            matches!(prog.kind[r.op as usize],
-                prism_core::graph::OpKind::Compute(c) if c.class == OpClass::Gemm)
-        })
-        .map(|r| (sigma * (r.end - r.start) as f64 * 1e-12).powi(2))
-        .sum();
-    let (t, sd) = (run.summary.iteration_time_s, var.sqrt());
+    let (job, t, sd) = common::one_gpu_gemm_jitter(sigma);
     let v = Variability {
         kernel_jitter: vec![KernelJitter {
             class: "gemm".into(),

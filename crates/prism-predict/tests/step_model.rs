@@ -9,6 +9,8 @@ use prism_predict::step_model::StepModel;
 use prism_predict::variability::Dist;
 use rand::RngExt;
 
+mod common;
+
 fn engine(job: &Job, mode: Mode, p: Option<Perturbation>) -> f64 {
     simulate(
         job,
@@ -606,36 +608,8 @@ fn pruned_samples_equal_full_samples() {
 /// nominal durations `d_k` come from the engine's recorded timeline.
 #[test]
 fn iid_normal_jitter_matches_the_closed_form() {
-    let mut job = small_job(1, 1, 1, 8);
-    job.cluster.gpus_per_node = 1;
-    job.parallel.dp = 1;
     let sigma = 0.05;
-    let run = simulate(
-        &job,
-        &SimOptions {
-            mode: Mode::Full,
-            record_ranks: vec![0],
-            ..SimOptions::default()
-        },
-    )
-    .unwrap();
-    let prog = &run.graph.programs[0];
-    let tl = &run.timelines[0];
-    let mut var = 0.0;
-    let mut busy = 0.0;
-    for r in &tl.ops {
-        let d = (r.end - r.start) as f64 * 1e-12;
-        busy += d;
-        if let prism_core::graph::OpKind::Compute(c) = prog.kind[r.op as usize]
-            && c.class == OpClass::Gemm
-        {
-            var += (sigma * d).powi(2);
-        }
-    }
-    let t = run.summary.iteration_time_s;
-    // One chain: the ops fill the iteration without gaps or overlap.
-    assert!((busy - t).abs() < 1e-9 * t, "busy {busy} vs {t}");
-    let sd = var.sqrt();
+    let (job, t, sd) = common::one_gpu_gemm_jitter(sigma);
     let (p50, p95) = (t, t + 1.6448536269514722 * sd);
     let m = StepModel::new(&job, &SimOptions::default()).unwrap();
     let jitter = vec![(
