@@ -2049,11 +2049,14 @@ impl<'a> Sim<'a> {
         if let Some(p) = self.opts.perturbation
             && p.comm_factor() != 1.0
         {
+            // Held at the time range (and bytes at as many), so that `now +` a scaled time
+            // cannot wrap: an event past the range stops the run with `SimError::TooLong`.
             let f = p.comm_factor();
-            plan.latency_ps = (plan.latency_ps as f64 * f).round() as SimTime;
-            plan.nvlink_ps = (plan.nvlink_ps as f64 * f).round() as SimTime;
-            plan.nic_bytes =
-                ((plan.nic_bytes as f64 * f).round() as u64).max(u64::from(plan.nic_bytes > 0));
+            let limit = crate::units::TIME_LIMIT as f64;
+            let scale = |x: u64| (x as f64 * f).round().min(limit) as u64;
+            plan.latency_ps = scale(plan.latency_ps);
+            plan.nvlink_ps = scale(plan.nvlink_ps);
+            plan.nic_bytes = scale(plan.nic_bytes).max(u64::from(plan.nic_bytes > 0));
         }
         plan
     }

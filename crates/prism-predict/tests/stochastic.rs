@@ -233,3 +233,36 @@ fn sampled_stragglers_match_the_order_statistic_closed_form() {
         );
     }
 }
+
+/// Issue 51: a communication regime whose draws reach astronomically large factors (log-normal
+/// sigma 60 to 700) is an error, never a panic: the scaled times are held at the engine's time
+/// range, and an iteration past it stops the run.
+#[test]
+fn extreme_communication_regimes_are_errors() {
+    use prism_predict::predict::{PredictOptions, predict};
+    use prism_predict::variability::{CommRegime, Variability};
+    let job = small_job(2, 2, 2, 16);
+    for sigma in [60.0, 200.0, 400.0, 700.0] {
+        let v = Variability {
+            comm_regime: Some(CommRegime {
+                factor: Dist::LogNormal { mu: 0.0, sigma },
+            }),
+            ..Variability::default()
+        };
+        let opts = PredictOptions {
+            tokens: 1e9,
+            samples: 20,
+            clusters: 2,
+            runs: 20,
+            quantile: 0.95,
+            confidence: 0.95,
+            seed: 1,
+            per_rank: false,
+            prune: true,
+            pool: true,
+        };
+        let r = predict(&job, &v, &opts, &SimOptions::default(), &|_| {});
+        let e = r.expect_err("factors beyond the time range must be refused");
+        assert!(!e.to_string().is_empty(), "sigma {sigma}");
+    }
+}
