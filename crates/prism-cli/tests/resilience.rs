@@ -151,3 +151,36 @@ fn resilience_scenario_json_and_plot() {
     assert!(text.starts_with("<svg") && text.contains("resihp"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Issue 51: 24 GPUs (three whole nodes of replica 0) fail at once. The oracle found no stage
+/// plan for that replica and indexed an empty option list; now the replica is out and every
+/// policy keeps training on the other seven.
+#[test]
+fn a_replica_that_loses_every_node_is_out_not_a_panic() {
+    let dir = tmp("s24");
+    let mut sc =
+        String::from("name = \"s24\"\nduration_h = 2\nhorizon_s = 1800\ndetect_fail_stop_s = 30\n");
+    for d in 0..24 {
+        sc += &format!(
+            "\n[[fault]]\nkind = \"fail-stop\"\nat_min = 5\ndevice = {d}\nduration_min = 60\n"
+        );
+    }
+    let path = dir.join("s24.toml");
+    std::fs::write(&path, sc).unwrap();
+    let out = prism(&[
+        "resilience",
+        JOB,
+        "--scenario",
+        path.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = v.to_string();
+    assert!(text.contains("oracle") && text.contains("resihp"), "{text}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -940,9 +940,8 @@ const MAX_TP_COMBINATIONS: usize = 256;
 /// replicas (greedy on the engine's monotone per-replica times), and the best plan over the
 /// horizon wins; the other strategies' plans are candidates too.
 pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decision {
-    let base = Plan::initial(s);
+    let mut base = Plan::initial(s);
     let mut clock = ReplicaClock::default();
-    let mut plan = base.clone();
     let cap = 2 * s.micro_batches.div_ceil(s.replicas);
     // Per degraded replica: its candidate replica plans (few, engine-ranked later).
     let mut options: BTreeMap<usize, Vec<ReplicaPlan>> = BTreeMap::new();
@@ -1044,8 +1043,14 @@ pub fn oracle(current: &Plan, fleet: &Fleet, s: &Setup, horizon_s: f64) -> Decis
                 .then_with(|| a.2.cmp(&b.2))
         });
         scored.truncate(16);
-        options.insert(r, scored.into_iter().map(|x| x.2).collect());
+        if scored.is_empty() {
+            // No stage of the replica can run (every node lost or too small): it is out.
+            base.replicas[r] = None;
+        } else {
+            options.insert(r, scored.into_iter().map(|x| x.2).collect());
+        }
     }
+    let mut plan = base.clone();
     // For each degraded replica pick the option that, with optimal allocation, gives the
     // shortest iteration (coordinate descent over degraded replicas, two rounds).
     let mut chosen: BTreeMap<usize, usize> = options.keys().map(|&r| (r, 0)).collect();
