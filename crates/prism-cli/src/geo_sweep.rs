@@ -109,6 +109,7 @@ pub fn run(a: &SweepArgs) -> Result<()> {
         iterations: 2,
         seed: 1,
     };
+    o.validate().map_err(anyhow::Error::msg)?;
     if !a.json {
         outln!(
             "Prism geo sweep: ATLAS speedup (baseline iteration / ATLAS iteration) and BUBBLETEA utilisation"

@@ -82,3 +82,47 @@ fn geo_errors_are_clear() {
     let out = prism(&["geo", "bubbles", "tests/data/geo.toml", "--model", "nope"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Issue 51: sweep and plan options outside their rules are errors naming the flag, not a row
+/// of "-" with exit 0, a plan with fewer datacenters than asked, or a 10 GiB allocation.
+#[test]
+fn geo_options_out_of_range_are_errors() {
+    for (args, flag) in [
+        (
+            vec!["geo", "sweep", "--gbps", "0", "--models", "llama3-8b"],
+            "--gbps",
+        ),
+        (
+            vec!["geo", "sweep", "--rtt-ms=-10", "--models", "llama3-8b"],
+            "--rtt-ms",
+        ),
+        (
+            vec![
+                "geo",
+                "sweep",
+                "--dcs",
+                "100000",
+                "--models",
+                "llama3-8b",
+                "--micro-batches",
+                "1",
+            ],
+            "--dcs",
+        ),
+        (
+            vec![
+                "geo",
+                "plan",
+                "../../examples/geo-llama3-70b-2dc.toml",
+                "--min-dcs",
+                "1000",
+            ],
+            "--min-dcs 1000",
+        ),
+    ] {
+        let out = prism(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}

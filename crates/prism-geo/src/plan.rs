@@ -177,6 +177,9 @@ pub enum PlanError {
     /// Nothing fits.
     #[error("no ATLAS placement fits: {0}")]
     NoPlacement(String),
+    /// An option breaks a rule; the message names it.
+    #[error("{0}")]
+    Invalid(String),
     /// The engine refused a candidate.
     #[error("simulation failed: {0}")]
     Sim(#[from] SimError),
@@ -622,6 +625,13 @@ pub fn plan(job: &Job, opts: &PlanOptions) -> Result<Plan, PlanError> {
     };
     let (tp, cp) = (job.parallel.tp as u64, job.parallel.cp as u64);
     let all_orders = orders(wan, opts.dc_order_search, 24);
+    if opts.min_dcs as usize > wan.datacenters.len() {
+        return Err(PlanError::Invalid(format!(
+            "--min-dcs {}: the job has {} datacenters in [wan]; a design cannot use more",
+            opts.min_dcs,
+            wan.datacenters.len()
+        )));
+    }
     let min_dcs = (opts.min_dcs.max(1) as usize).min(wan.datacenters.len());
     let first = vec![largest_first(wan)];
     let sharing = if opts.temporal {

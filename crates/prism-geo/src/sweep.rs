@@ -51,6 +51,61 @@ pub struct SweepOptions {
     pub seed: u64,
 }
 
+/// The most datacenters a sweep point may have (the `[wan]` section's limit).
+pub const MAX_SWEEP_DCS: u32 = 64;
+
+impl SweepOptions {
+    /// Checks the grid: WAN capacities positive and finite, RTTs finite and not negative,
+    /// datacenter counts in `2..=MAX_SWEEP_DCS`, a positive TCP window, at least one
+    /// connection, a positive SLO. The message names the option (as `prism geo sweep`'s flag).
+    pub fn validate(&self) -> Result<(), String> {
+        let bad =
+            |what: &str, rule: &str, got: String| Err(format!("--{what}: {rule} (got {got})"));
+        if self.gbps.is_empty() || self.rtt_ms.is_empty() || self.dcs.is_empty() {
+            return Err("--gbps, --rtt-ms and --dcs each need at least one value".into());
+        }
+        if let Some(g) = self.gbps.iter().find(|g| !(g.is_finite() && **g > 0.0)) {
+            return bad(
+                "gbps",
+                "every WAN capacity must be a positive number of Gb/s",
+                g.to_string(),
+            );
+        }
+        if let Some(r) = self.rtt_ms.iter().find(|r| !(r.is_finite() && **r >= 0.0)) {
+            return bad(
+                "rtt-ms",
+                "every RTT must be a finite number of ms, at least 0",
+                r.to_string(),
+            );
+        }
+        if let Some(d) = self.dcs.iter().find(|d| !(2..=MAX_SWEEP_DCS).contains(*d)) {
+            return bad(
+                "dcs",
+                &format!("every datacenter count must be from 2 to {MAX_SWEEP_DCS}"),
+                d.to_string(),
+            );
+        }
+        if !(self.tcp_window_mib.is_finite() && self.tcp_window_mib > 0.0) {
+            return bad(
+                "tcp-window-mib",
+                "must be a positive number of MiB",
+                self.tcp_window_mib.to_string(),
+            );
+        }
+        if self.connections == 0 {
+            return bad("connections", "must be at least 1", "0".into());
+        }
+        if !(self.slo_s.is_finite() && self.slo_s > 0.0) {
+            return bad(
+                "slo-ms",
+                "must be a positive number of ms",
+                (self.slo_s * 1e3).to_string(),
+            );
+        }
+        Ok(())
+    }
+}
+
 /// One point of the sweep.
 #[derive(Clone, Debug)]
 pub struct SweepRow {
