@@ -688,6 +688,22 @@ pub fn model_from_hf_config(text: &str, origin: &str) -> Result<Model, HfConfigE
             None
         }
     };
+    if experts == Some(0) {
+        let key = match family {
+            "qwen3_moe" | "qwen2_moe" => "num_experts",
+            "olmoe" if cfg.num_experts.is_some() => "num_experts",
+            "deepseek_v2" | "deepseek_v3" | "glm4_moe" | "dots1" => "n_routed_experts",
+            "ernie4_5_moe" => "moe_num_experts",
+            _ => "num_local_experts",
+        };
+        return Err(err(
+            key,
+            format!(
+                "0 routed experts: model_type `{model_type}` is a mixture of experts and needs at \
+                 least 1 (a dense model is another model_type)"
+            ),
+        ));
+    }
     let moe = match experts {
         None | Some(0) => None,
         Some(experts) => {

@@ -596,6 +596,20 @@ fn hf_config_errors_name_the_json_path() {
     cfg["num_local_experts"] = 8.into();
     let e = model_from_hf_config(&cfg.to_string(), "x.json").unwrap_err();
     assert_eq!(e.path, "num_local_experts");
+    // Issue 51: a mixture of experts with 0 experts was simulated as a dense model.
+    let mut moe: serde_json::Value = serde_json::from_str(&read("mixtral-8x7b.json")).unwrap();
+    moe["num_local_experts"] = 0.into();
+    let e = model_from_hf_config(&moe.to_string(), "z.json").unwrap_err();
+    assert_eq!(e.path, "num_local_experts");
+    assert!(e.rule.contains("0 routed experts"), "{e}");
+    let mut q: serde_json::Value = serde_json::from_str(&read("deepseek-v3.json")).unwrap();
+    q["n_routed_experts"] = 0.into();
+    assert_eq!(
+        model_from_hf_config(&q.to_string(), "q.json")
+            .unwrap_err()
+            .path,
+        "n_routed_experts"
+    );
 }
 
 #[test]
