@@ -252,3 +252,27 @@ fn cases_file_text() -> String {
     )
     .expect("validation/cases.csv")
 }
+
+/// Issue 51: the README's count of published runs is the number `prism validate` compares
+/// with (the modelled rows of validation/cases.csv).
+#[test]
+fn readme_counts_the_published_runs_validate_uses() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let key = "compares Prism with ";
+    let at = readme.find(key).expect("the README states the count") + key.len();
+    let n: usize = readme[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let path = std::path::PathBuf::from(format!("{root}/validation/cases.csv"));
+    let modelled = (prism_io::validation::read_cases(&path).unwrap().iter())
+        .filter(|c| c.status.is_modelled())
+        .count();
+    assert_eq!(
+        n, modelled,
+        "README says {n} published runs; validate uses {modelled}"
+    );
+}
