@@ -93,8 +93,22 @@ fn num(origin: &str, line: usize, key: &str, s: &str) -> Result<f64, FormatError
             format!("must be a finite number >= 0 (got {s})"),
         ));
     }
+    if key.ends_with("_s") && v > MAX_LOG_TIME_S {
+        return Err(err(
+            origin,
+            line,
+            Some(key),
+            format!(
+                "a time of at most {MAX_LOG_TIME_S:e} s (about 31 years) is expected (got {s})"
+            ),
+        ));
+    }
     Ok(v)
 }
+
+/// The latest time a timing log or a ground-truth file may name, seconds (about 31 years): a
+/// training log is never longer, and larger values only print as hundreds of digits.
+pub const MAX_LOG_TIME_S: f64 = 1e9;
 
 fn int(origin: &str, line: usize, key: &str, s: &str) -> Result<u64, FormatError> {
     s.trim().parse().map_err(|_| {
@@ -1018,5 +1032,10 @@ mod tests {
                 .rule
                 .contains("header")
         );
+        // Issue 51: a time of 1e301 s printed as a 300-digit number of hours.
+        let far = write_truth(&eps).replace(",20", ",1e301");
+        let e = parse_truth(&far, "t").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("end_s"), "{e}");
+        assert!(e.rule.contains("at most 1e9 s"), "{e}");
     }
 }
