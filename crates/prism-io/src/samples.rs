@@ -103,6 +103,9 @@ fn read_text(path: &Path) -> Result<(String, String), SamplesError> {
     Ok((text, name))
 }
 
+/// The longest duration a samples file may hold, seconds (about 31 years).
+pub const MAX_DURATION_S: f64 = 1e9;
+
 /// Reads a duration-samples CSV file: observations in seconds by signature, in file order.
 pub fn read_samples(path: &Path) -> Result<BTreeMap<String, Vec<f64>>, SamplesError> {
     let (text, name) = read_text(path)?;
@@ -149,6 +152,15 @@ pub fn parse_samples(text: &str, origin: &str) -> Result<BTreeMap<String, Vec<f6
             return Err(err(
                 line,
                 format!("duration must be a positive finite number (got {value})"),
+            ));
+        }
+        if v / divisor > MAX_DURATION_S {
+            return Err(err(
+                line,
+                format!(
+                    "duration {value} is more than {MAX_DURATION_S:e} s (about 31 years): not a \
+                     kernel, step or iteration time, and past what a mean and a fit can sum"
+                ),
             ));
         }
         out.entry(signature.to_owned())
@@ -434,6 +446,10 @@ mod tests {
             (
                 "signature,duration_s\nk,abc\n",
                 "x.csv:2: duration \"abc\" is not a number",
+            ),
+            (
+                "signature,duration_s\nk,1\nk,1e300\n",
+                "x.csv:3: duration 1e300 is more than 1e9 s",
             ),
             (
                 "signature,duration_s\nk,inf\n",
