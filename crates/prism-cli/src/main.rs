@@ -324,14 +324,40 @@ fn simulate(args: &SimulateArgs) -> Result<()> {
     } else {
         Vec::new()
     };
-    // In reduced and sliced runs only simulated ranks can be traced.
+    // In reduced and sliced runs only simulated ranks can be traced: a list that names others
+    // is an error rather than a trace that silently holds fewer ranks.
+    let explicit = args.trace.is_some() && args.trace_ranks.is_some();
     let record_ranks = match &mode {
         Mode::Full => record_ranks,
         Mode::Reduced => {
             let reps: Vec<u32> = sample_ranks(job)[..job.parallel.pp as usize].to_vec();
+            if explicit && record_ranks.iter().any(|r| !reps.contains(r)) {
+                bail!(
+                    "--trace-ranks with --reduced: a reduced run simulates one representative \
+                     per pipeline stage (ranks {}), so only those can be traced; omit \
+                     --trace-ranks, drop --reduced, or simulate the ranks you want with --ranks",
+                    reps.iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+            }
             reps
         }
-        Mode::Slice(list) => list.clone(),
+        Mode::Slice(list) => {
+            let missing: Vec<String> = (record_ranks.iter())
+                .filter(|r| !list.contains(r))
+                .map(u32::to_string)
+                .collect();
+            if explicit && !missing.is_empty() {
+                bail!(
+                    "--trace-ranks names ranks that --ranks does not simulate ({}); add them to \
+                     --ranks or omit --trace-ranks to trace every simulated rank",
+                    missing.join(",")
+                );
+            }
+            if explicit { record_ranks } else { list.clone() }
+        }
     };
     let opts = SimOptions {
         mode,

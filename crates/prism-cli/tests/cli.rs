@@ -123,6 +123,46 @@ fn trace_is_valid_chrome_json() {
             .iter()
             .any(|e| e["ph"] == "M" && e["name"] == "thread_name")
     );
+    // Issue 51: ranks that a reduced or sliced run does not simulate are an error naming
+    // them, not a trace that silently holds fewer ranks.
+    let j = job.to_str().unwrap();
+    let t = out.to_str().unwrap();
+    let o = prism(&[
+        "simulate",
+        j,
+        "--reduced",
+        "--trace",
+        t,
+        "--trace-ranks",
+        "0,5,15",
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("--trace-ranks with --reduced"));
+    let o = prism(&[
+        "simulate",
+        j,
+        "--ranks",
+        "0,5",
+        "--trace",
+        t,
+        "--trace-ranks",
+        "0,15",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("does not simulate (15)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = prism(&[
+        "simulate",
+        j,
+        "--ranks",
+        "0,5",
+        "--trace",
+        t,
+        "--trace-ranks",
+        "5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]
