@@ -601,9 +601,14 @@ fn print_summary(
     let (stage, _) = memory::peak_memory(job);
     writeln!(
         out,
-        "  peak memory             {:>10.1} GiB per GPU (stage {stage}) of {:.0} GiB",
+        "  peak memory             {:>10.1} GiB per GPU (stage {stage}) of {:.0} GiB{}",
         gib(s.peak_memory_bytes),
-        job.cluster.gpu.hbm_gib
+        job.cluster.gpu.hbm_gib,
+        if gib(s.peak_memory_bytes) > job.cluster.gpu.hbm_gib {
+            "  ** DOES NOT FIT: simulated with --allow-oom **"
+        } else {
+            ""
+        }
     )?;
     let per_stage: Vec<String> = s
         .stage_memory_bytes

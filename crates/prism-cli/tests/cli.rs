@@ -273,6 +273,21 @@ fn allow_oom_simulates_anyway() {
         "training.global_batch=4096",
     ]);
     assert!(v["peak_memory_bytes"].as_f64().unwrap() > 80.0 * (1u64 << 30) as f64);
+    // Issue 51: a script can check the fit, and the text says it does not fit.
+    assert_eq!(v["hbm_capacity_bytes"].as_u64().unwrap(), 80 * (1u64 << 30));
+    assert_eq!(v["memory_fits"], false);
+    let o = prism(&[
+        "simulate",
+        "--reduced",
+        "--allow-oom",
+        "--set",
+        "parallel.micro_batch=2",
+        "--set",
+        "training.global_batch=4096",
+    ]);
+    assert!(stdout(&o).contains("DOES NOT FIT"), "{}", stdout(&o));
+    let fits = json_of(&["simulate", "--reduced", "--json"]);
+    assert_eq!(fits["memory_fits"], true);
 }
 
 /// `published.attention_flops`: `"full"` compares Prism's Megatron-convention figures as they

@@ -2,7 +2,7 @@
 //! parallel settings and (for small runs) per-rank timings.
 //!
 //! The keys `iteration_time_s`, `tokens_per_s`, `model_tflops_per_gpu`,
-//! `hardware_tflops_per_gpu`, `mfu` (Megatron's convention: causal attention counted in full), `mfu_causal` (only its unmasked half), `hfu`, `peak_memory_bytes`, `bubble_fraction` and `num_gpus`
+//! `hardware_tflops_per_gpu`, `mfu` (Megatron's convention: causal attention counted in full), `mfu_causal` (only its unmasked half), `hfu`, `peak_memory_bytes`, `hbm_capacity_bytes` and `memory_fits` (the peak within the GPU's HBM), `bubble_fraction` and `num_gpus`
 //! are a public contract. Objects are written with sorted keys, so the output is deterministic.
 
 use prism_core::SimResult;
@@ -92,6 +92,8 @@ pub fn summary_json(result: &SimResult, job: &Job) -> Value {
         "expected_model_tflops_per_gpu": s.expected_model_tflops_per_gpu,
         "expected_mfu": s.expected_mfu,
         "peak_memory_bytes": s.peak_memory_bytes,
+        "hbm_capacity_bytes": (job.cluster.gpu.hbm_gib * prism_core::units::GIB).round() as u64,
+        "memory_fits": s.peak_memory_bytes as f64 <= job.cluster.gpu.hbm_gib * prism_core::units::GIB,
         "stage_memory_bytes": s.stage_memory_bytes,
         "bubble_fraction": s.bubble_fraction,
         "breakdown": breakdown_json(&s.breakdown),
