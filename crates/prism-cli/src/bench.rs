@@ -238,7 +238,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 let rf = &p.rank_factor;
                 let (_, a) = m.sample_pilot(&fast, rf, 0.9, u64::MAX)?;
                 let (_, b) = m.sample_pilot(&fast, rf, 1.1, u64::MAX - 1)?;
-                let pruner = prism_predict::step_model::Pruner::new(&m, &fast, rf, a, Some(b))
+                let pruner = prism_predict::step_model::Pruner::new(&m, &fast, rf, &a, Some(&b))
                     .context("pruning does not apply")?;
                 let mut evaluated = Vec::new();
                 for i in 0..repeat as u64 {

@@ -177,7 +177,8 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     let pr = prism_predict::predict::predict(job, v, &opts, &base_opts, &|n| bar.inc(n))?;
     bar.finish_and_clear();
     let (steps, totals, step, total) = (&pr.steps, &pr.totals, &pr.step, &pr.total);
-    let (guarantee, step_guarantee) = (pr.guarantee_s, pr.step_guarantee_s);
+    let guarantee = pr.guarantee.training_s.clone().ok();
+    let step_guarantee = pr.guarantee.step_s.clone().ok();
     let (interruptions, ratio, iterations) = (pr.interruptions, pr.effective_ratio, pr.iterations);
     let (method, clusters, p95_attr) = (&pr.method, pr.clusters, &pr.p95);
     if let Some(path) = &args.plot {
@@ -300,6 +301,9 @@ pub fn run(args: &PredictArgs) -> Result<()> {
     Ok(())
 }
 
+/// Names of [`prism_predict::predict::REPORTED_QUANTILES`] in text and JSON.
+const REPORTED_NAMES: [&str; 4] = ["p50", "p90", "p95", "p99"];
+
 /// `p50 1.234+-0.005  p90 ...` with each quantile's Monte Carlo standard error.
 fn quantiles_text(
     s: &stats::Summary5,
@@ -308,7 +312,7 @@ fn quantiles_text(
     digits: usize,
 ) -> String {
     let values = [s.p50, s.p90, s.p95, s.p99];
-    (["p50", "p90", "p95", "p99"].iter().zip(values).zip(e))
+    (REPORTED_NAMES.iter().zip(values).zip(e))
         .map(|((name, v), e)| match e {
             Some(e) => format!("{name} {:.digits$}+-{:.digits$}", v / scale, e.se / scale),
             None => format!("{name} {:.digits$}", v / scale),
@@ -320,7 +324,7 @@ fn quantiles_text(
 /// `{"p50": {"se": .., "ci95": [lo, hi]}, ...}` (null where there is no error estimate).
 fn errors_json(e: &[Option<QuantileError>; 4], scale: f64) -> serde_json::Value {
     let mut m = serde_json::Map::new();
-    for (name, e) in ["p50", "p90", "p95", "p99"].iter().zip(e) {
+    for (name, e) in REPORTED_NAMES.iter().zip(e) {
         m.insert(
             name.to_string(),
             match e {

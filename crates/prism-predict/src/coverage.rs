@@ -121,12 +121,18 @@ pub fn check_coverage(
         seed_wall_s.push(now() - start);
     }
     let q = opts.quantile;
-    let training = covered(&r.run_groups, &tried, q, |p| p.guarantee_s, reference.seed);
+    let training = covered(
+        &r.run_groups,
+        &tried,
+        q,
+        |p| p.guarantee.training_s.clone().ok(),
+        reference.seed,
+    );
     let step = covered(
         &r.step_groups,
         &tried,
         q,
-        |p| p.step_guarantee_s,
+        |p| p.guarantee.step_s.clone().ok(),
         reference.seed,
     );
     Ok(Coverage {

@@ -122,10 +122,6 @@ pub struct Prediction {
     pub interruptions: f64,
     /// Mean effective training time ratio.
     pub effective_ratio: f64,
-    /// The guarantee on the training time, seconds (none: too few runs).
-    pub guarantee_s: Option<f64>,
-    /// The guarantee on the step time, seconds.
-    pub step_guarantee_s: Option<f64>,
     /// What the p95 step is made of.
     pub p95: P95Attribution,
     /// Iterations per block of a played-out run (one draw of the run sampler).
@@ -308,7 +304,15 @@ pub fn predict(
     };
     let step_error = errors(&step_groups, stats::stream_rng(seed, &[10]).random());
     let total_error = errors(&run_groups, stats::stream_rng(seed, &[11]).random());
-    let mut pr = Prediction {
+    let random = v.is_random();
+    let guarantee = guarantee_of(
+        &step_groups,
+        &run_groups,
+        random,
+        opts.quantile,
+        opts.confidence,
+    );
+    Ok(Prediction {
         iterations,
         clusters,
         method,
@@ -319,8 +323,6 @@ pub fn predict(
         total,
         interruptions,
         effective_ratio,
-        guarantee_s: None,
-        step_guarantee_s: None,
         p95,
         block,
         block_exact,
@@ -329,13 +331,9 @@ pub fn predict(
         run_groups,
         step_error,
         total_error,
-        random: v.is_random(),
-        guarantee: Guarantee::default(),
-    };
-    pr.guarantee = pr.guarantee_at(opts.quantile, opts.confidence);
-    pr.guarantee_s = pr.guarantee.training_s.clone().ok();
-    pr.step_guarantee_s = pr.guarantee.step_s.clone().ok();
-    Ok(pr)
+        random,
+        guarantee,
+    })
 }
 
 /// The quantiles every summary reports with its Monte Carlo error: p50, p90, p95, p99.
@@ -358,20 +356,6 @@ pub struct Guarantee {
     pub method: &'static str,
 }
 
-impl Default for Guarantee {
-    fn default() -> Self {
-        Guarantee {
-            quantile: f64::NAN,
-            confidence: f64::NAN,
-            training_s: Err(NoBound::BadArguments),
-            step_s: Err(NoBound::BadArguments),
-            clusters: 0,
-            min_clusters: None,
-            method: "",
-        }
-    }
-}
-
 /// The method line of a cluster-level bound.
 pub const CLUSTER_BOUND_METHOD: &str = "distribution-free upper confidence bound over \
      independent clusters (betting test on each cluster's fraction of values below the bound)";
@@ -386,36 +370,52 @@ impl Prediction {
     /// dependence the sampling creates: runs sharing a cluster's GPUs and its step samples),
     /// or, when nothing in the job varies, the one value every run takes.
     pub fn guarantee_at(&self, quantile: f64, confidence: f64) -> Guarantee {
-        let bound = |groups: &[Vec<f64>]| {
-            let g: Vec<&[f64]> = groups.iter().map(Vec::as_slice).collect();
-            if !self.random && quantile > 0.0 && quantile < 1.0 {
-                // A point mass: its every quantile is its value.
-                let (lo, hi) = g
-                    .iter()
-                    .flat_map(|g| g.iter())
-                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-                        (lo.min(x), hi.max(x))
-                    });
-                if lo == hi && hi.is_finite() {
-                    return Ok(hi);
-                }
-            }
-            guarantee::cluster_quantile_bound(&g, quantile, confidence)
-        };
-        let training_s = bound(&self.run_groups);
-        Guarantee {
+        guarantee_of(
+            &self.step_groups,
+            &self.run_groups,
+            self.random,
             quantile,
             confidence,
-            training_s,
-            step_s: bound(&self.step_groups),
-            clusters: self.step_groups.iter().filter(|g| !g.is_empty()).count() as u64,
-            min_clusters: guarantee::min_clusters(quantile, confidence),
-            method: if self.random {
-                CLUSTER_BOUND_METHOD
-            } else {
-                EXACT_METHOD
-            },
+        )
+    }
+}
+
+/// [`Prediction::guarantee_at`] from the grouped step samples and runs.
+fn guarantee_of(
+    step_groups: &[Vec<f64>],
+    run_groups: &[Vec<f64>],
+    random: bool,
+    quantile: f64,
+    confidence: f64,
+) -> Guarantee {
+    let bound = |groups: &[Vec<f64>]| {
+        let g: Vec<&[f64]> = groups.iter().map(Vec::as_slice).collect();
+        if !random && quantile > 0.0 && quantile < 1.0 {
+            // A point mass: its every quantile is its value.
+            let (lo, hi) = g
+                .iter()
+                .flat_map(|g| g.iter())
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                    (lo.min(x), hi.max(x))
+                });
+            if lo == hi && hi.is_finite() {
+                return Ok(hi);
+            }
         }
+        guarantee::cluster_quantile_bound(&g, quantile, confidence)
+    };
+    Guarantee {
+        quantile,
+        confidence,
+        training_s: bound(run_groups),
+        step_s: bound(step_groups),
+        clusters: step_groups.iter().filter(|g| !g.is_empty()).count() as u64,
+        min_clusters: guarantee::min_clusters(quantile, confidence),
+        method: if random {
+            CLUSTER_BOUND_METHOD
+        } else {
+            EXACT_METHOD
+        },
     }
 }
 
@@ -524,9 +524,8 @@ impl Design {
 /// the cluster (the same GPUs for every step of a run); kernel jitter and the communication
 /// regime are fresh for every iteration, the regime stratified within the cluster.
 pub fn draw_in(job: &Job, v: &Variability, seed: u64, i: u64, design: Design) -> Perturbation {
-    let clusters = design.clusters;
     let n = job.num_gpus() as usize;
-    let mut rng = stats::stream_rng(seed, &[1, i % clusters.max(1)]);
+    let mut rng = stats::stream_rng(seed, &[1, design.cluster(i)]);
     let rank_factor = match &v.gpu_speed {
         Some(g) => (0..n)
             .map(|_| {
@@ -817,7 +816,7 @@ fn step_model_samples(
                 m.sample_pilot(fast, &rank_factor, comm[hi], sample_seed(seed, idx[hi]))?;
             progress(1);
             let mut out = vec![(idx[hi], th)];
-            let (pa, pb) = match Pruner::new(m, fast, &rank_factor, ph.clone(), None) {
+            let pl = match Pruner::new(m, fast, &rank_factor, &ph, None) {
                 Some(flat) if lo != hi => {
                     let (tl, pl) = m.sample_pruned_pilot(
                         fast,
@@ -828,11 +827,11 @@ fn step_model_samples(
                     )?;
                     progress(1);
                     out.push((idx[lo], tl));
-                    (ph, Some(pl))
+                    Some(pl)
                 }
-                _ => (ph, None),
+                _ => None,
             };
-            let pruner = Pruner::new(m, fast, &rank_factor, pa, pb);
+            let pruner = Pruner::new(m, fast, &rank_factor, &ph, pl.as_ref());
             let rest = (0..idx.len())
                 .into_par_iter()
                 .filter(|&j| j != hi && (j != lo || out.len() == 1))

@@ -567,7 +567,7 @@ fn pruned_samples_equal_full_samples() {
     assert_eq!(s0, m.sample_fast(&fs, &rank_factor, c0, seed(0)).unwrap());
     assert_eq!(s1, m.sample_fast(&fs, &rank_factor, c1, seed(1)).unwrap());
     let pruner =
-        prism_predict::step_model::Pruner::new(&m, &fs, &rank_factor, p1, Some(p0)).unwrap();
+        prism_predict::step_model::Pruner::new(&m, &fs, &rank_factor, &p1, Some(&p0)).unwrap();
     let mut evaluated = 0;
     let samples = 60;
     for i in 2..2 + samples {

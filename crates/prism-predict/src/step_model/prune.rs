@@ -68,11 +68,11 @@ impl Pruner {
         model: &StepModel,
         fast: &FastStats,
         rank_factor: &[f64],
-        a: Pilot,
-        b: Option<Pilot>,
+        a: &Pilot,
+        b: Option<&Pilot>,
     ) -> Option<Pruner> {
         let w = fast.prune.as_ref()?;
-        let b = b.unwrap_or_else(|| a.clone());
+        let b = b.unwrap_or(a);
         let (lo, hi) = if a.comm_factor <= b.comm_factor {
             (a, b)
         } else {
@@ -232,17 +232,16 @@ impl StepModel {
         comm_factor: f64,
         seed: u64,
     ) -> Result<(f64, Pilot), SimError> {
-        match self.pruned(fast, pruner, rank_factor, comm_factor, seed, true)? {
-            (t, _, Some((store, done))) => Ok((
-                t,
-                Pilot {
-                    comm_factor,
-                    store,
-                    evaluated: done,
-                },
-            )),
-            (_, _, None) => self.sample_pilot(fast, rank_factor, comm_factor, seed),
-        }
+        let (t, _, kept) = self.pruned(fast, pruner, rank_factor, comm_factor, seed, true)?;
+        let (store, evaluated) = kept.expect("kept on request");
+        Ok((
+            t,
+            Pilot {
+                comm_factor,
+                store,
+                evaluated,
+            },
+        ))
     }
 
     /// [`StepModel::sample_fast`] evaluating only the replicas that can matter, with the same
@@ -270,8 +269,8 @@ impl StepModel {
     }
 
     /// [`StepModel::sample_pruned`], returning with `keep` the store and the evaluated
-    /// replicas when it pruned (`None` when it evaluated every replica through
-    /// [`StepModel::sample_fast`]).
+    /// replicas (an empty list: every replica, when it could not prune and evaluated them all
+    /// as a full pilot does); `None` without `keep`.
     #[allow(clippy::type_complexity)]
     fn pruned(
         &self,
@@ -290,6 +289,10 @@ impl StepModel {
                     && !rank_factor.is_empty() =>
             {
                 w
+            }
+            _ if keep => {
+                let (t, p) = self.sample_pilot(fast, rank_factor, comm_factor, seed)?;
+                return Ok((t, dp, Some((p.store, p.evaluated))));
             }
             _ => {
                 let t = self.sample_fast(fast, rank_factor, comm_factor, seed)?;
